@@ -1,0 +1,364 @@
+// Test helper: a REAL local git server (`git daemon`) serving bare
+// repositories from a private temp dir over git:// on 127.0.0.1.
+//
+//   const srv = await startGitDaemon();
+//   await srv.createRepo("demo.git", { files: { "a.txt": "A\n" } });
+//   // clone/push srv.url("demo.git") ...
+//   await srv.git("demo.git", "rev-parse", "refs/heads/main");
+//   await srv.stop();
+//
+// Every git invocation uses child_process.spawn with an argv array (never a
+// shell) and an isolated environment (no system/global git config, fixed
+// author/committer identity, no terminal prompts).
+
+import { spawn, type ChildProcess } from "node:child_process";
+import { mkdtemp, mkdir, rm } from "node:fs/promises";
+import * as net from "node:net";
+import * as os from "node:os";
+import * as path from "node:path";
+
+export interface CreateRepoOptions {
+  /** Branch of the initial commit; also becomes HEAD. Default "main". */
+  branch?: string;
+  /** path -> content of the initial commit. Default { "README.md": ... }. `{}` makes an empty-tree commit. */
+  files?: Record<string, string | Uint8Array>;
+  /** Commit message. Default "initial commit". */
+  message?: string;
+}
+
+export interface CommitFilesOptions {
+  /** Branch to advance (created if missing). Default "main". */
+  branch?: string;
+  /** Paths to delete in the new commit. */
+  remove?: string[];
+  /** Commit message. Default "update". */
+  message?: string;
+}
+
+export interface GitServer {
+  /** Directory passed as --base-path; repo `r` lives at path.join(baseDir, r). */
+  readonly baseDir: string;
+  readonly port: number;
+  /** git://127.0.0.1:<port>/<repo> */
+  url(repo: string): string;
+  /** Absolute path of the bare repository on disk. */
+  repoPath(repo: string): string;
+  /** Create a bare repo with one commit on `branch`. Resolves to the commit sha. */
+  createRepo(repo: string, opts?: CreateRepoOptions): Promise<string>;
+  /**
+   * Server-side commit on top of `branch` (no clone needed): writes `files`,
+   * deletes `remove`, advances the branch. Resolves to the new commit sha.
+   */
+  commitFiles(repo: string, files: Record<string, string | Uint8Array>, opts?: CommitFilesOptions): Promise<string>;
+  /** `git --git-dir=<bare repo> ...args`; resolves to stdout minus one trailing "\n". Rejects on non-zero exit. */
+  git(repo: string, ...args: string[]): Promise<string>;
+  /** Kill the daemon (whole process group) and remove the temp dir. Idempotent. */
+  stop(): Promise<void>;
+}
+
+export interface RunGitOptions {
+  cwd?: string;
+  input?: string | Uint8Array;
+  env?: NodeJS.ProcessEnv;
+  /** Default 60 s. */
+  timeoutMs?: number;
+}
+
+export interface RunGitResult {
+  stdout: string;
+  stderr: string;
+  code: number | null;
+  signal: NodeJS.Signals | null;
+}
+
+export class GitCommandError extends Error {
+  constructor(
+    readonly args: readonly string[],
+    readonly result: RunGitResult,
+  ) {
+    super(
+      `git ${args.join(" ")} failed (code ${String(result.code)}${result.signal ? `, signal ${result.signal}` : ""}): ` +
+        result.stderr.trim(),
+    );
+    this.name = "GitCommandError";
+  }
+}
+
+/** Environment for every git invocation made by this module (and handy for tests). */
+export function gitEnv(extra?: NodeJS.ProcessEnv): NodeJS.ProcessEnv {
+  return {
+    ...process.env,
+    GIT_CONFIG_NOSYSTEM: "1",
+    GIT_CONFIG_GLOBAL: os.devNull,
+    GIT_TERMINAL_PROMPT: "0",
+    GIT_AUTHOR_NAME: "git-csi e2e",
+    GIT_AUTHOR_EMAIL: "e2e@git.liken.sh",
+    GIT_COMMITTER_NAME: "git-csi e2e",
+    GIT_COMMITTER_EMAIL: "e2e@git.liken.sh",
+    LANG: "C",
+    LC_ALL: "C",
+    ...extra,
+  };
+}
+
+/** Run git without a shell; never rejects on non-zero exit (see runGitOk). */
+export function runGitRaw(args: readonly string[], opts: RunGitOptions = {}): Promise<RunGitResult> {
+  return new Promise((resolve, reject) => {
+    const child = spawn("git", [...args], {
+      cwd: opts.cwd,
+      env: opts.env ?? gitEnv(),
+      stdio: ["pipe", "pipe", "pipe"],
+    });
+    const out: Buffer[] = [];
+    const err: Buffer[] = [];
+    child.stdout.on("data", (b: Buffer) => out.push(b));
+    child.stderr.on("data", (b: Buffer) => err.push(b));
+    const timer = setTimeout(() => child.kill("SIGKILL"), opts.timeoutMs ?? 60_000);
+    child.on("error", (e) => {
+      clearTimeout(timer);
+      reject(e);
+    });
+    child.on("close", (code, signal) => {
+      clearTimeout(timer);
+      resolve({
+        stdout: Buffer.concat(out).toString("utf8"),
+        stderr: Buffer.concat(err).toString("utf8"),
+        code,
+        signal,
+      });
+    });
+    child.stdin.on("error", () => {
+      /* EPIPE if git exits early; the exit code reports the failure */
+    });
+    child.stdin.end(opts.input ?? "");
+  });
+}
+
+/** Run git; resolve to stdout minus one trailing newline; reject with GitCommandError on failure. */
+export async function runGit(args: readonly string[], opts: RunGitOptions = {}): Promise<string> {
+  const r = await runGitRaw(args, opts);
+  if (r.code !== 0) throw new GitCommandError(args, r);
+  return r.stdout.endsWith("\n") ? r.stdout.slice(0, -1) : r.stdout;
+}
+
+const REPO_NAME = /^[A-Za-z0-9._-]+(\/[A-Za-z0-9._-]+)*$/;
+
+function checkRepoName(repo: string): void {
+  if (!REPO_NAME.test(repo) || repo.split("/").some((seg) => seg === "." || seg === "..")) {
+    throw new Error(`invalid repo name ${JSON.stringify(repo)}`);
+  }
+}
+
+function checkBranch(branch: string): void {
+  if (!/^[A-Za-z0-9._\/-]+$/.test(branch) || branch.startsWith("-") || branch.includes("..")) {
+    throw new Error(`invalid branch name ${JSON.stringify(branch)}`);
+  }
+}
+
+function checkFilePath(p: string): void {
+  if (
+    p === "" ||
+    p.startsWith("/") ||
+    p.endsWith("/") ||
+    p.includes("\0") ||
+    p.split("/").some((seg) => seg === "" || seg === "." || seg === ".." || seg === ".git")
+  ) {
+    throw new Error(`invalid file path ${JSON.stringify(p)}`);
+  }
+}
+
+function freePort(): Promise<number> {
+  return new Promise((resolve, reject) => {
+    const srv = net.createServer();
+    srv.unref();
+    srv.on("error", reject);
+    srv.listen(0, "127.0.0.1", () => {
+      const addr = srv.address();
+      const port = typeof addr === "object" && addr ? addr.port : 0;
+      srv.close(() => (port ? resolve(port) : reject(new Error("no port"))));
+    });
+  });
+}
+
+const sleep = (ms: number) => new Promise<void>((r) => setTimeout(r, ms));
+
+/** Write a commit into a bare repo via a throwaway index (supports nested paths). */
+async function writeCommit(
+  gitDir: string,
+  tmpDir: string,
+  parent: string | undefined,
+  files: Record<string, string | Uint8Array>,
+  remove: readonly string[],
+  message: string,
+): Promise<string> {
+  const indexFile = path.join(tmpDir, `index-${process.pid}-${Math.random().toString(36).slice(2)}`);
+  const env = gitEnv({ GIT_INDEX_FILE: indexFile });
+  const g = (args: string[], input?: string | Uint8Array) =>
+    runGit([`--git-dir=${gitDir}`, ...args], { env, input });
+  try {
+    if (parent) await g(["read-tree", parent]);
+    else await g(["read-tree", "--empty"]);
+    if (remove.length > 0) {
+      // mode 0 in --index-info removes the entry (works without a work tree)
+      for (const p of remove) checkFilePath(p);
+      const zero = "0".repeat(40);
+      await g(["update-index", "--index-info"], remove.map((p) => `0 ${zero}\t${p}\n`).join(""));
+    }
+    for (const [p, content] of Object.entries(files)) {
+      checkFilePath(p);
+      const blob = await g(["hash-object", "-w", "--stdin"], content);
+      await g(["update-index", "--add", "--cacheinfo", `100644,${blob},${p}`]);
+    }
+    const tree = await g(["write-tree"]);
+    const commitArgs = ["commit-tree", tree, "-m", message];
+    if (parent) commitArgs.push("-p", parent);
+    return await g(commitArgs);
+  } finally {
+    await rm(indexFile, { force: true });
+  }
+}
+
+export async function startGitDaemon(): Promise<GitServer> {
+  const tmpRoot = await mkdtemp(path.join(os.tmpdir(), "git-csi-gitd-"));
+  const baseDir = path.join(tmpRoot, "repos");
+  const workDir = path.join(tmpRoot, "work");
+  await mkdir(baseDir);
+  await mkdir(workDir);
+
+  let daemon: ChildProcess | undefined;
+  let port = 0;
+  let stderrTail = "";
+  let exited = false;
+
+  const killGroup = (sig: NodeJS.Signals) => {
+    if (daemon?.pid === undefined || exited) return;
+    try {
+      process.kill(-daemon.pid, sig); // detached => daemon leads its own group (incl. per-connection children)
+    } catch {
+      /* already gone */
+    }
+  };
+  const onExit = () => killGroup("SIGKILL");
+  process.once("exit", onExit);
+
+  try {
+    for (let attempt = 1; ; attempt++) {
+      port = await freePort();
+      exited = false;
+      stderrTail = "";
+      const child = spawn(
+        "git",
+        [
+          "daemon",
+          "--listen=127.0.0.1",
+          `--port=${port}`,
+          "--export-all",
+          "--enable=receive-pack",
+          `--base-path=${baseDir}`,
+          "--reuseaddr",
+          "--informative-errors",
+          "--verbose",
+          baseDir,
+        ],
+        { env: gitEnv(), stdio: ["ignore", "ignore", "pipe"], detached: true },
+      );
+      daemon = child;
+      child.stderr?.on("data", (b: Buffer) => {
+        stderrTail = (stderrTail + b.toString("utf8")).slice(-8192);
+      });
+      child.on("exit", () => {
+        if (daemon === child) exited = true;
+      });
+      child.on("error", (e) => {
+        if (daemon === child) exited = true;
+        stderrTail += `\nspawn error: ${e.message}`;
+      });
+
+      // Ready when the daemon answers a git request: either success or a
+      // remote error for the non-existent probe path (not "connection refused").
+      const deadline = Date.now() + 10_000;
+      let ready = false;
+      while (!exited && Date.now() < deadline) {
+        const r = await runGitRaw(["ls-remote", `git://127.0.0.1:${port}/.ready-probe`], { timeoutMs: 5_000 });
+        if (r.code === 0 || /remote error|not exported|no such repository/i.test(r.stderr)) {
+          ready = true;
+          break;
+        }
+        await sleep(50);
+      }
+      if (ready && !exited) break;
+      killGroup("SIGKILL");
+      daemon = undefined;
+      if (attempt >= 5) {
+        throw new Error(`git daemon did not become ready on 127.0.0.1:${port}: ${stderrTail.trim()}`);
+      }
+    }
+  } catch (e) {
+    process.removeListener("exit", onExit);
+    await rm(tmpRoot, { recursive: true, force: true });
+    throw e;
+  }
+
+  const repoPath = (repo: string) => {
+    checkRepoName(repo);
+    return path.join(baseDir, repo);
+  };
+
+  let stopped = false;
+  const server: GitServer = {
+    baseDir,
+    port,
+    url(repo) {
+      checkRepoName(repo);
+      return `git://127.0.0.1:${port}/${repo}`;
+    },
+    repoPath,
+    async createRepo(repo, opts = {}) {
+      const gitDir = repoPath(repo);
+      const branch = opts.branch ?? "main";
+      checkBranch(branch);
+      const files = opts.files ?? { "README.md": `# ${repo}\n` };
+      await mkdir(path.dirname(gitDir), { recursive: true });
+      await runGit(["init", "--quiet", "--bare", `--initial-branch=${branch}`, gitDir]);
+      const sha = await writeCommit(gitDir, workDir, undefined, files, [], opts.message ?? "initial commit");
+      await runGit([`--git-dir=${gitDir}`, "update-ref", `refs/heads/${branch}`, sha, ""]);
+      return sha;
+    },
+    async commitFiles(repo, files, opts = {}) {
+      const gitDir = repoPath(repo);
+      const branch = opts.branch ?? "main";
+      checkBranch(branch);
+      const ref = `refs/heads/${branch}`;
+      const cur = await runGitRaw([`--git-dir=${gitDir}`, "rev-parse", "--verify", "--quiet", `${ref}^{commit}`]);
+      const parent = cur.code === 0 ? cur.stdout.trim() : undefined;
+      const sha = await writeCommit(gitDir, workDir, parent, files, opts.remove ?? [], opts.message ?? "update");
+      // compare-and-swap against the parent we built on ("" = must not exist yet)
+      await runGit([`--git-dir=${gitDir}`, "update-ref", ref, sha, parent ?? ""]);
+      return sha;
+    },
+    git(repo, ...args) {
+      return runGit([`--git-dir=${repoPath(repo)}`, ...args]);
+    },
+    async stop() {
+      if (stopped) return;
+      stopped = true;
+      process.removeListener("exit", onExit);
+      const d = daemon;
+      if (d && !exited) {
+        const gone = new Promise<void>((r) => d.once("exit", () => r()));
+        killGroup("SIGTERM");
+        const t = setTimeout(() => killGroup("SIGKILL"), 3_000);
+        await gone;
+        clearTimeout(t);
+        // per-connection children share the group; make sure none linger
+        try {
+          process.kill(-(d.pid as number), "SIGKILL");
+        } catch {
+          /* none left */
+        }
+      }
+      await rm(tmpRoot, { recursive: true, force: true });
+    },
+  };
+  return server;
+}

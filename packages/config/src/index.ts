@@ -1,0 +1,4 @@
+export * from "./class";
+export * from "./duration";
+export * from "./flags";
+export * from "./serial";

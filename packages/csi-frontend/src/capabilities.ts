@@ -1,0 +1,67 @@
+import { csi, gitcsi, invalidArgument } from "@git-csi/protos";
+
+const Mode = csi.VolumeCapability_AccessMode_Mode;
+
+const SUPPORTED =
+  "supported: a mount volume (no raw block), with no fsType and no mount flags, and access mode SINGLE_NODE_SINGLE_WRITER (ReadWriteOncePod), SINGLE_NODE_WRITER or SINGLE_NODE_MULTI_WRITER (ReadWriteOnce)";
+
+/** The volume's immutable access mode from one CSI capability, or InvalidArgument naming the field and what is supported. */
+export function accessModeOf(capability: csi.VolumeCapability, field: string): gitcsi.AccessMode {
+  if (capability.block) throw invalidArgument(`${field}.block: raw block volumes are not served; ${SUPPORTED}`);
+  if (!capability.mount) throw invalidArgument(`${field}.access_type is required; ${SUPPORTED}`);
+  if (capability.mount.fsType !== "") throw invalidArgument(`${field}.mount.fs_type ${JSON.stringify(capability.mount.fsType)}: a git volume has no filesystem type; ${SUPPORTED}`);
+  if (capability.mount.mountFlags.length > 0) throw invalidArgument(`${field}.mount.mount_flags: mount flags are not supported; ${SUPPORTED}`);
+  const mode = capability.accessMode?.mode;
+  switch (mode) {
+    case Mode.SINGLE_NODE_SINGLE_WRITER:
+      return gitcsi.AccessMode.READ_WRITE_ONCE_POD;
+    case Mode.SINGLE_NODE_WRITER:
+    case Mode.SINGLE_NODE_MULTI_WRITER:
+      return gitcsi.AccessMode.READ_WRITE_ONCE;
+    case undefined:
+      throw invalidArgument(`${field}.access_mode is required; ${SUPPORTED}`);
+    default:
+      throw invalidArgument(`${field}.access_mode ${Mode[mode] ?? mode}: one node writes a git volume; ${SUPPORTED}`);
+  }
+}
+
+/** All capabilities of a request must name one access mode: a volume has exactly one. */
+export function accessModeOfAll(capabilities: csi.VolumeCapability[], field: string): gitcsi.AccessMode {
+  if (capabilities.length === 0) throw invalidArgument(`${field} is required; ${SUPPORTED}`);
+  const modes = new Set(capabilities.map((c, i) => accessModeOf(c, `${field}[${i}]`)));
+  if (modes.size > 1) throw invalidArgument(`${field} asks for both ReadWriteOncePod and ReadWriteOnce; a volume has one access mode`);
+  return [...modes][0]!;
+}
+
+export function requiredCapability(capability: csi.VolumeCapability | undefined, field: string): gitcsi.AccessMode {
+  if (!capability) throw invalidArgument(`${field} is required; ${SUPPORTED}`);
+  return accessModeOf(capability, field);
+}
+
+/** The capability a recorded access mode confirms, for ValidateVolumeCapabilities. */
+export function capabilityOf(mode: gitcsi.AccessMode): csi.VolumeCapability {
+  return {
+    mount: { fsType: "", mountFlags: [], volumeMountGroup: "" },
+    accessMode: { mode: mode === gitcsi.AccessMode.READ_WRITE_ONCE_POD ? Mode.SINGLE_NODE_SINGLE_WRITER : Mode.SINGLE_NODE_MULTI_WRITER },
+  };
+}
+
+/** The access mode the volume context records, so that a node call that asks for another fails validation. */
+export const ACCESS_MODE_KEY = "accessMode";
+const MODE_NAMES: Record<string, gitcsi.AccessMode> = {
+  ReadWriteOncePod: gitcsi.AccessMode.READ_WRITE_ONCE_POD,
+  ReadWriteOnce: gitcsi.AccessMode.READ_WRITE_ONCE,
+};
+
+export function accessModeName(mode: gitcsi.AccessMode): string {
+  return Object.keys(MODE_NAMES).find((k) => MODE_NAMES[k] === mode) ?? "unspecified";
+}
+
+export function checkContextMode(context: Record<string, string>, requested: gitcsi.AccessMode): void {
+  const recorded = context[ACCESS_MODE_KEY];
+  if (recorded === undefined) return;
+  if (MODE_NAMES[recorded] === undefined) throw invalidArgument(`volume_context.${ACCESS_MODE_KEY} ${JSON.stringify(recorded)} must be ReadWriteOncePod or ReadWriteOnce`);
+  if (MODE_NAMES[recorded] !== requested) {
+    throw invalidArgument(`volume_capability asks for ${accessModeName(requested)} but the volume was created ${recorded}; its access mode cannot change`);
+  }
+}

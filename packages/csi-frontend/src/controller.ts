@@ -1,0 +1,86 @@
+import type { Logger } from "@git-csi/logging";
+import { call, csi, invalidArgument, type mountOwner, required, unary } from "@git-csi/protos";
+import { ACCESS_MODE_KEY, accessModeName, accessModeOf, accessModeOfAll, capabilityOf } from "./capabilities";
+import { checkClassParameters, sourceOf, volumeIdOf } from "./validate";
+
+const TIMEOUT_MS = 30_000;
+/** Parameters the external-provisioner adds on its own; they are not the user's to validate. */
+const PROVISIONER_PREFIX = "csi.storage.k8s.io/";
+
+export function controllerService(owner: mountOwner.MountOwnerClient, logger: Logger): Partial<csi.ControllerServer> {
+  const getVolume = async (volumeId: string) => (await call(owner.getVolume.bind(owner), { volumeId }, TIMEOUT_MS)).volume!;
+
+  return {
+    controllerGetCapabilities: unary("controller_get_capabilities", logger, async () => ({
+      capabilities: [
+        csi.ControllerServiceCapability_RPC_Type.CREATE_DELETE_VOLUME,
+        csi.ControllerServiceCapability_RPC_Type.MODIFY_VOLUME,
+        csi.ControllerServiceCapability_RPC_Type.SINGLE_NODE_MULTI_WRITER,
+      ].map((type) => ({ rpc: { type } })),
+    })),
+
+    createVolume: unary("create_volume", logger, async (request: csi.CreateVolumeRequest) => {
+      const name = volumeIdOf(request.name, "name");
+      const accessMode = accessModeOfAll(request.volumeCapabilities, "volume_capabilities");
+      if (request.volumeContentSource) throw invalidArgument("volume_content_source: a git volume is not made from a snapshot or a clone; name the repository in parameters.url");
+      const userParameters = Object.fromEntries(Object.entries(request.parameters).filter(([k]) => !k.startsWith(PROVISIONER_PREFIX)));
+      const unknown = Object.keys(userParameters).filter((k) => k !== "url" && k !== "ref");
+      if (unknown.length > 0) throw invalidArgument(`parameters ${unknown.join(", ")}: a StorageClass takes only url and ref; commit and push policy belongs in a VolumeAttributesClass`);
+      const source = sourceOf(userParameters, "parameters");
+      checkClassParameters(request.mutableParameters, "mutable_parameters");
+      const range = request.capacityRange;
+      if (range && range.limitBytes > 0 && range.requiredBytes > range.limitBytes) {
+        throw invalidArgument(`capacity_range.required_bytes ${range.requiredBytes} exceeds limit_bytes ${range.limitBytes}`);
+      }
+      const { volume } = await call(
+        owner.createVolume.bind(owner),
+        { name, capacityBytes: range?.requiredBytes || range?.limitBytes || 0, source, accessMode, classParameters: request.mutableParameters },
+        TIMEOUT_MS,
+      );
+      return {
+        volume: {
+          volumeId: volume!.volumeId,
+          capacityBytes: volume!.capacityBytes,
+          volumeContext: { url: source.url, ref: source.ref, [ACCESS_MODE_KEY]: accessModeName(accessMode) },
+          contentSource: undefined,
+          accessibleTopology: [],
+        },
+      };
+    }),
+
+    // The remote repository is never deleted: only the controller's record goes.
+    deleteVolume: unary("delete_volume", logger, async (request: csi.DeleteVolumeRequest) => {
+      const volumeId = required(request.volumeId, "volume_id");
+      await call(owner.deleteVolume.bind(owner), { volumeId }, TIMEOUT_MS);
+      return {};
+    }),
+
+    validateVolumeCapabilities: unary("validate_volume_capabilities", logger, async (request: csi.ValidateVolumeCapabilitiesRequest) => {
+      const volumeId = volumeIdOf(request.volumeId);
+      if (request.volumeCapabilities.length === 0) throw invalidArgument("volume_capabilities is required");
+      const volume = await getVolume(volumeId);
+      const problems: string[] = [];
+      request.volumeCapabilities.forEach((capability, i) => {
+        try {
+          const mode = accessModeOf(capability, `volume_capabilities[${i}]`);
+          if (mode !== volume.accessMode) problems.push(`volume_capabilities[${i}] asks for ${accessModeName(mode)}, the volume is ${accessModeName(volume.accessMode)}`);
+        } catch (err) {
+          problems.push((err as Error).message);
+        }
+      });
+      if (problems.length > 0) return { confirmed: undefined, message: problems.join("; ") };
+      return {
+        confirmed: { volumeContext: request.volumeContext, volumeCapabilities: [capabilityOf(volume.accessMode)], parameters: request.parameters, mutableParameters: request.mutableParameters },
+        message: "",
+      };
+    }),
+
+    controllerModifyVolume: unary("controller_modify_volume", logger, async (request: csi.ControllerModifyVolumeRequest) => {
+      const volumeId = volumeIdOf(request.volumeId);
+      await getVolume(volumeId);
+      checkClassParameters(request.mutableParameters, "mutable_parameters");
+      await call(owner.modifyVolume.bind(owner), { volumeId, classParameters: request.mutableParameters }, TIMEOUT_MS);
+      return {};
+    }),
+  };
+}

@@ -1,0 +1,67 @@
+import type { Logger } from "@git-csi/logging";
+import { call, csi, type gitcsi, type mountOwner, unary } from "@git-csi/protos";
+import { checkContextMode, requiredCapability } from "./capabilities";
+import { absolutePath, sourceOf, volumeIdOf } from "./validate";
+
+/** Staging clones or fetches: it may take as long as the repository needs. */
+const STAGE_TIMEOUT_MS = 10 * 60_000;
+const TIMEOUT_MS = 60_000;
+
+/** The kubelet's podInfoOnMount keys. */
+function podOf(context: Record<string, string>): mountOwner.Pod | undefined {
+  const name = context["csi.storage.k8s.io/pod.name"];
+  if (!name) return undefined;
+  return { name, namespace: context["csi.storage.k8s.io/pod.namespace"] ?? "", uid: context["csi.storage.k8s.io/pod.uid"] ?? "" };
+}
+
+function credentialOf(secrets: Record<string, string>): gitcsi.Credential | undefined {
+  return Object.keys(secrets).length > 0 ? { data: secrets } : undefined;
+}
+
+export function nodeService(nodeId: string, owner: mountOwner.MountOwnerClient, logger: Logger): Partial<csi.NodeServer> {
+  return {
+    nodeGetCapabilities: unary("node_get_capabilities", logger, async () => ({
+      capabilities: [csi.NodeServiceCapability_RPC_Type.STAGE_UNSTAGE_VOLUME, csi.NodeServiceCapability_RPC_Type.SINGLE_NODE_MULTI_WRITER].map((type) => ({ rpc: { type } })),
+    })),
+
+    nodeGetInfo: unary("node_get_info", logger, async () => ({ nodeId, maxVolumesPerNode: 0, accessibleTopology: undefined })),
+
+    nodeStageVolume: unary("stage", logger, async (request: csi.NodeStageVolumeRequest) => {
+      const volumeId = volumeIdOf(request.volumeId);
+      const stagingPath = absolutePath(request.stagingTargetPath, "staging_target_path");
+      const accessMode = requiredCapability(request.volumeCapability, "volume_capability");
+      checkContextMode(request.volumeContext, accessMode);
+      const source = sourceOf(request.volumeContext, "volume_context");
+      await call(owner.stageVolume.bind(owner), { volumeId, stagingPath, source, accessMode, credential: credentialOf(request.secrets) }, STAGE_TIMEOUT_MS);
+      return {};
+    }),
+
+    nodeUnstageVolume: unary("unstage", logger, async (request: csi.NodeUnstageVolumeRequest) => {
+      const volumeId = volumeIdOf(request.volumeId);
+      const stagingPath = absolutePath(request.stagingTargetPath, "staging_target_path");
+      await call(owner.unstageVolume.bind(owner), { volumeId, stagingPath }, STAGE_TIMEOUT_MS);
+      return {};
+    }),
+
+    nodePublishVolume: unary("publish", logger, async (request: csi.NodePublishVolumeRequest) => {
+      const volumeId = volumeIdOf(request.volumeId);
+      const targetPath = absolutePath(request.targetPath, "target_path");
+      const stagingPath = absolutePath(request.stagingTargetPath, "staging_target_path");
+      const accessMode = requiredCapability(request.volumeCapability, "volume_capability");
+      checkContextMode(request.volumeContext, accessMode);
+      await call(
+        owner.publishVolume.bind(owner),
+        { volumeId, stagingPath, targetPath, readonly: request.readonly, accessMode, credential: credentialOf(request.secrets), pod: podOf(request.volumeContext) },
+        TIMEOUT_MS,
+      );
+      return {};
+    }),
+
+    nodeUnpublishVolume: unary("unpublish", logger, async (request: csi.NodeUnpublishVolumeRequest) => {
+      const volumeId = volumeIdOf(request.volumeId);
+      const targetPath = absolutePath(request.targetPath, "target_path");
+      await call(owner.unpublishVolume.bind(owner), { volumeId, targetPath }, STAGE_TIMEOUT_MS);
+      return {};
+    }),
+  };
+}

@@ -1,0 +1,98 @@
+import { createHash } from "node:crypto";
+import * as fs from "node:fs/promises";
+import * as path from "node:path";
+import { simpleGit, type SimpleGit } from "simple-git";
+import { failedPrecondition, invalidArgument } from "@git-csi/protos";
+
+/**
+ * The node's git store: one bare repository per URL under repos/, shared by
+ * every volume of that URL through git worktrees, and one work tree per volume
+ * under trees/. A work tree holds only the application's files: its .git link
+ * is removed and git is always run with an explicit --git-dir, so the
+ * application never sees or writes git's own files. The worktree is locked so
+ * that no prune drops the admin directory of a tree whose link is gone.
+ */
+export class Store {
+  constructor(readonly stateDir: string) {}
+
+  repoDir(url: string): string {
+    return path.join(this.stateDir, "repos", `${createHash("sha256").update(url).digest("hex").slice(0, 16)}.git`);
+  }
+
+  treeDir(volumeId: string): string {
+    return path.join(this.stateDir, "trees", volumeId);
+  }
+
+  /** The per-tree git directory git keeps for a worktree inside the bare repository. */
+  treeGitDir(url: string, volumeId: string): string {
+    return path.join(this.repoDir(url), "worktrees", volumeId);
+  }
+
+  /** git in the bare repository. */
+  repo(url: string): SimpleGit {
+    return gitAt(this.repoDir(url), { GIT_DIR: this.repoDir(url) });
+  }
+
+  /** git in a volume's work tree. */
+  tree(url: string, volumeId: string): SimpleGit {
+    return gitAt(this.treeDir(volumeId), { GIT_DIR: this.treeGitDir(url, volumeId), GIT_WORK_TREE: this.treeDir(volumeId) });
+  }
+
+  async ensureRepo(url: string): Promise<SimpleGit> {
+    const dir = this.repoDir(url);
+    if (!(await exists(path.join(dir, "HEAD")))) {
+      await fs.mkdir(dir, { recursive: true });
+      await gitAt(dir, {}).raw(["init", "--bare", "--quiet", dir]);
+      await this.repo(url).raw(["config", "remote.origin.url", url]);
+    }
+    return this.repo(url);
+  }
+}
+
+/** The branch a volume follows, from its `ref` attribute: `main` or `refs/heads/main`. */
+export function branchOf(ref: string): string {
+  const branch = ref.startsWith("refs/heads/") ? ref.slice("refs/heads/".length) : ref;
+  if (branch === "" || ref.startsWith("refs/") && !ref.startsWith("refs/heads/") || !isRefComponentPath(branch)) {
+    throw invalidArgument(`volume_context.ref ${JSON.stringify(ref)} must name a branch, such as main or refs/heads/main`);
+  }
+  return branch;
+}
+
+/** git check-ref-format's rules, without running git on untrusted input. */
+function isRefComponentPath(name: string): boolean {
+  return (
+    !/[\x00-\x20\x7f~^:?*[\\]/.test(name) &&
+    !name.includes("..") &&
+    !name.includes("@{") &&
+    !name.includes("//") &&
+    !name.startsWith("/") &&
+    !name.endsWith("/") &&
+    !name.endsWith(".") &&
+    name.split("/").every((c) => c !== "" && !c.startsWith(".") && !c.endsWith(".lock"))
+  );
+}
+
+/** The remote-tracking ref the bare repository keeps for a branch. */
+export function upstreamRef(branch: string): string {
+  return `refs/remotes/origin/${branch}`;
+}
+
+export function missingRef(url: string, branch: string): Error {
+  return failedPrecondition(`ref ${branch} does not exist in ${url}; push a first commit to it (a .gitignore is a good one) and stage again`);
+}
+
+function gitAt(dir: string, env: Record<string, string>): SimpleGit {
+  return simpleGit({ baseDir: path.dirname(dir), trimmed: true }).env({
+    PATH: process.env.PATH ?? "/usr/bin:/bin",
+    HOME: process.env.HOME ?? "/",
+    GIT_TERMINAL_PROMPT: "0",
+    ...env,
+  });
+}
+
+export async function exists(p: string): Promise<boolean> {
+  return fs.lstat(p).then(
+    () => true,
+    () => false,
+  );
+}

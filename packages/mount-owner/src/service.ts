@@ -1,0 +1,189 @@
+import * as fs from "node:fs/promises";
+import { KeyedSerial } from "@git-csi/config";
+import type { Logger } from "@git-csi/logging";
+import {
+  alreadyExists,
+  call,
+  failedPrecondition,
+  gitcsi,
+  gitWorker,
+  mountOwner,
+  notFound,
+  required,
+  unary,
+} from "@git-csi/protos";
+import { bindMount, isMountPoint, unmountAll } from "./mounts";
+import type { State, VolumeRecord } from "./state";
+
+/** A staged volume's FUSE session, as the mount owner holds it. */
+export interface StagedMount {
+  unmount(): Promise<void>;
+}
+
+export interface MountOwnerDeps {
+  state: State;
+  worker: gitWorker.GitWorkerClient;
+  logger: Logger;
+  /** Serves the volume's work tree through FUSE at the staging path. */
+  mountTree(volumeId: string, treePath: string, stagingPath: string): Promise<StagedMount>;
+}
+
+const WORKER_TIMEOUT_MS = 5 * 60_000;
+
+const MODE_NAMES: Record<gitcsi.AccessMode, string> = {
+  [gitcsi.AccessMode.ACCESS_MODE_UNSPECIFIED]: "unspecified",
+  [gitcsi.AccessMode.READ_WRITE_ONCE_POD]: "ReadWriteOncePod",
+  [gitcsi.AccessMode.READ_WRITE_ONCE]: "ReadWriteOnce",
+  [gitcsi.AccessMode.UNRECOGNIZED]: "unrecognized",
+};
+
+export function mountOwnerService(deps: MountOwnerDeps): mountOwner.MountOwnerServer {
+  const { state, worker, logger } = deps;
+  const sessions = new Map<string, { stagingPath: string; mount: StagedMount }>();
+  const perVolume = new KeyedSerial();
+
+  const serialized = <Req extends { volumeId: string }, Res>(operation: string, handler: (request: Req, volumeId: string) => Promise<Res>) =>
+    unary<Req, Res>(operation, logger, (request) => {
+      const volumeId = required(request.volumeId, "volume_id");
+      return perVolume.run(volumeId, () => handler(request, volumeId));
+    });
+
+  async function stage(request: mountOwner.StageVolumeRequest, volumeId: string): Promise<mountOwner.StageVolumeResponse> {
+    const stagingPath = required(request.stagingPath, "staging_target_path");
+    const source = required(request.source, "volume_context");
+    const existing = await state.volumes.get(volumeId);
+    if (existing) checkIdentity(existing, source, request.accessMode);
+    const live = sessions.get(volumeId);
+    if (live) {
+      if (live.stagingPath !== stagingPath) throw failedPrecondition(`volume ${volumeId} is staged at ${live.stagingPath} already; unstage it there first`);
+      return {};
+    }
+    const record: VolumeRecord = existing ?? { volumeId, source, accessMode: request.accessMode, targets: [] };
+    await state.volumes.put(volumeId, record);
+    const tree = await call(worker.prepareTree.bind(worker), { volumeId, source, credential: request.credential }, WORKER_TIMEOUT_MS);
+    // A mount a dead mount owner left behind answers ENOTCONN; it goes before the new session.
+    await unmountAll(stagingPath);
+    await fs.mkdir(stagingPath, { recursive: true });
+    const mount = await deps.mountTree(volumeId, tree.treePath, stagingPath);
+    sessions.set(volumeId, { stagingPath, mount });
+    await state.volumes.put(volumeId, { ...record, treePath: tree.treePath, stagingPath });
+    logger.info("staged", { volume: volumeId, operation: "stage", reused: tree.reused, head: tree.head });
+    return {};
+  }
+
+  async function unstage(request: mountOwner.UnstageVolumeRequest, volumeId: string): Promise<mountOwner.UnstageVolumeResponse> {
+    const stagingPath = required(request.stagingPath, "staging_target_path");
+    const record = await state.volumes.get(volumeId);
+    if (record && record.targets.length > 0) {
+      throw failedPrecondition(`volume ${volumeId} is still published at ${record.targets.join(", ")}; unpublish it first`);
+    }
+    const live = sessions.get(volumeId);
+    if (live) {
+      await live.mount.unmount();
+      sessions.delete(volumeId);
+    }
+    await unmountAll(stagingPath);
+    if (record) await state.volumes.put(volumeId, { ...record, stagingPath: undefined });
+    logger.info("unstaged", { volume: volumeId, operation: "unstage" });
+    return {};
+  }
+
+  async function publish(request: mountOwner.PublishVolumeRequest, volumeId: string): Promise<mountOwner.PublishVolumeResponse> {
+    const stagingPath = required(request.stagingPath, "staging_target_path");
+    const targetPath = required(request.targetPath, "target_path");
+    const record = await state.volumes.get(volumeId);
+    const live = sessions.get(volumeId);
+    if (!record || !live || live.stagingPath !== stagingPath) {
+      throw failedPrecondition(`volume ${volumeId} is not staged at ${stagingPath}; stage it before publishing`);
+    }
+    checkMode(record, request.accessMode);
+    if (record.targets.includes(targetPath) && (await isMountPoint(targetPath))) return {};
+    const others = record.targets.filter((t) => t !== targetPath);
+    if (record.accessMode === gitcsi.AccessMode.READ_WRITE_ONCE_POD && others.length > 0) {
+      throw failedPrecondition(`volume ${volumeId} is ReadWriteOncePod and already published at ${others.join(", ")}`);
+    }
+    await fs.mkdir(targetPath, { recursive: true });
+    await bindMount(stagingPath, targetPath, request.readonly);
+    await state.volumes.put(volumeId, { ...record, targets: [...others, targetPath] });
+    logger.info("published", { volume: volumeId, operation: "publish", target: targetPath, pod: request.pod ? `${request.pod.namespace}/${request.pod.name}` : undefined });
+    return {};
+  }
+
+  async function unpublish(request: mountOwner.UnpublishVolumeRequest, volumeId: string): Promise<mountOwner.UnpublishVolumeResponse> {
+    const targetPath = required(request.targetPath, "target_path");
+    await unmountAll(targetPath);
+    await fs.rm(targetPath, { recursive: false, force: true }).catch(() => fs.rmdir(targetPath).catch(() => undefined));
+    const record = await state.volumes.get(volumeId);
+    if (record?.targets.includes(targetPath)) {
+      await state.volumes.put(volumeId, { ...record, targets: record.targets.filter((t) => t !== targetPath) });
+    }
+    logger.info("unpublished", { volume: volumeId, operation: "unpublish", target: targetPath });
+    return {};
+  }
+
+  return {
+    probe: unary("probe", logger, async () => {
+      const answer = await call(worker.probe.bind(worker), {}, 5000).catch((err: Error) => ({ ready: false, message: `git worker does not answer: ${err.message}` }));
+      return answer.ready ? { ready: true, message: "" } : answer;
+    }),
+    createVolume: unary("create_volume", logger, async (request: mountOwner.CreateVolumeRequest) => {
+      const name = required(request.name, "name");
+      const wanted: mountOwner.Volume = {
+        volumeId: name,
+        name,
+        capacityBytes: request.capacityBytes,
+        source: required(request.source, "parameters"),
+        accessMode: request.accessMode,
+        classParameters: request.classParameters,
+      };
+      return perVolume.run(name, async () => {
+        const existing = await state.provisioned.get(name);
+        if (existing) {
+          if (!sameVolume(existing, wanted)) throw alreadyExists(`volume ${name} exists with other capacity, parameters or access mode`);
+          return { volume: existing };
+        }
+        await state.provisioned.put(name, wanted);
+        logger.info("volume created", { volume: name, operation: "create_volume" });
+        return { volume: wanted };
+      });
+    }),
+    deleteVolume: serialized("delete_volume", async (_request: mountOwner.DeleteVolumeRequest, volumeId) => {
+      await state.provisioned.remove(volumeId);
+      return {};
+    }),
+    getVolume: serialized("get_volume", async (_request: mountOwner.GetVolumeRequest, volumeId) => {
+      const volume = await state.provisioned.get(volumeId);
+      if (!volume) throw notFound(`volume ${volumeId} does not exist`);
+      return { volume };
+    }),
+    modifyVolume: serialized("modify_volume", async (request: mountOwner.ModifyVolumeRequest, volumeId) => {
+      const volume = await state.provisioned.get(volumeId);
+      if (!volume) throw notFound(`volume ${volumeId} does not exist`);
+      // Parameters a request does not name keep their values, as CSI asks of ControllerModifyVolume.
+      await state.provisioned.put(volumeId, { ...volume, classParameters: { ...volume.classParameters, ...request.classParameters } });
+      logger.info("class applied", { volume: volumeId, operation: "modify_volume" });
+      return {};
+    }),
+    stageVolume: serialized("stage", stage),
+    unstageVolume: serialized("unstage", unstage),
+    publishVolume: serialized("publish", publish),
+    unpublishVolume: serialized("unpublish", unpublish),
+  };
+}
+
+function checkMode(record: VolumeRecord, accessMode: gitcsi.AccessMode): void {
+  if (record.accessMode !== accessMode) {
+    throw alreadyExists(`volume ${record.volumeId} is ${MODE_NAMES[record.accessMode]}; its access mode cannot change to ${MODE_NAMES[accessMode]}`);
+  }
+}
+
+function checkIdentity(record: VolumeRecord, source: gitcsi.VolumeSource, accessMode: gitcsi.AccessMode): void {
+  checkMode(record, accessMode);
+  if (record.source.url !== source.url || record.source.ref !== source.ref) {
+    throw alreadyExists(`volume ${record.volumeId} follows ${record.source.url} ref ${record.source.ref} on this node, not ${source.url} ref ${source.ref}`);
+  }
+}
+
+function sameVolume(a: mountOwner.Volume, b: mountOwner.Volume): boolean {
+  return JSON.stringify(a) === JSON.stringify(b);
+}

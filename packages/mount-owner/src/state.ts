@@ -1,0 +1,83 @@
+import * as fs from "node:fs/promises";
+import * as path from "node:path";
+import type { gitcsi, mountOwner } from "@git-csi/protos";
+
+/**
+ * What the node knows of one volume, kept under the state dir so that a
+ * restarted mount owner can finish an unpublish or unstage it did not start.
+ * It holds identities and paths only, never a credential.
+ */
+export interface VolumeRecord {
+  volumeId: string;
+  source: gitcsi.VolumeSource;
+  accessMode: gitcsi.AccessMode;
+  /** The backing work tree the git worker prepared. */
+  treePath?: string;
+  /** Set while the volume is staged. */
+  stagingPath?: string;
+  /** Publish targets bind-mounted from the staging path. */
+  targets: string[];
+}
+
+/** Writes a file so that a crash leaves either the old or the new content: temp, fsync, rename, fsync the directory. */
+export async function writeFileAtomic(file: string, content: string, mode = 0o600): Promise<void> {
+  const dir = path.dirname(file);
+  await fs.mkdir(dir, { recursive: true });
+  const temp = path.join(dir, `.${path.basename(file)}.${process.pid}.tmp`);
+  const handle = await fs.open(temp, "w", mode);
+  try {
+    await handle.writeFile(content);
+    await handle.sync();
+  } finally {
+    await handle.close();
+  }
+  await fs.rename(temp, file);
+  const dirHandle = await fs.open(dir, "r");
+  try {
+    await dirHandle.sync();
+  } finally {
+    await dirHandle.close();
+  }
+}
+
+async function readJson<T>(file: string): Promise<T | undefined> {
+  try {
+    return JSON.parse(await fs.readFile(file, "utf8")) as T;
+  } catch (err) {
+    if ((err as NodeJS.ErrnoException).code === "ENOENT") return undefined;
+    throw err;
+  }
+}
+
+/** A directory of JSON records keyed by a volume id or name. */
+class RecordDir<T> {
+  constructor(private readonly dir: string) {}
+
+  private file(key: string): string {
+    return path.join(this.dir, `${key}.json`);
+  }
+
+  get(key: string): Promise<T | undefined> {
+    return readJson<T>(this.file(key));
+  }
+
+  put(key: string, record: T): Promise<void> {
+    return writeFileAtomic(this.file(key), `${JSON.stringify(record, null, 2)}\n`);
+  }
+
+  async remove(key: string): Promise<void> {
+    await fs.rm(this.file(key), { force: true });
+  }
+}
+
+export class State {
+  /** The node's volume records. */
+  readonly volumes: RecordDir<VolumeRecord>;
+  /** The controller's record of provisioned volumes, keyed by name. */
+  readonly provisioned: RecordDir<mountOwner.Volume>;
+
+  constructor(readonly stateDir: string) {
+    this.volumes = new RecordDir(path.join(stateDir, "volumes"));
+    this.provisioned = new RecordDir(path.join(stateDir, "provisioned"));
+  }
+}
