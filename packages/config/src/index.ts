@@ -2,3 +2,4 @@ export * from "./class";
 export * from "./duration";
 export * from "./flags";
 export * from "./serial";
+export * from "./ref";

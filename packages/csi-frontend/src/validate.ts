@@ -1,5 +1,5 @@
 import * as path from "node:path";
-import { ClassParameterError, parseClassParameters } from "@git-csi/config";
+import { BRANCH_RULE, branchOf, ClassParameterError, parseClassParameters } from "@git-csi/config";
 import { type gitcsi, invalidArgument, required } from "@git-csi/protos";
 
 /**
@@ -25,6 +25,7 @@ export function sourceOf(attributes: Record<string, string>, field: string): git
   const url = required(attributes.url, `${field}.url`);
   const ref = required(attributes.ref, `${field}.ref`);
   if (/[\s\0]/.test(url)) throw invalidArgument(`${field}.url ${JSON.stringify(url)} must be a git URL without white space`);
+  if (branchOf(ref) === undefined) throw invalidArgument(`${field}.ref ${JSON.stringify(ref)} ${BRANCH_RULE}`);
   return { url, ref };
 }
 

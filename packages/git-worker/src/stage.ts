@@ -3,7 +3,7 @@ import * as path from "node:path";
 import { GitError } from "simple-git";
 import { failedPrecondition, unavailable } from "@git-csi/protos";
 import type { gitcsi } from "@git-csi/protos";
-import { branchOf, exists, missingRef, type Store, upstreamRef } from "./store";
+import { branchOfRef, exists, missingRef, type Store, upstreamRef } from "./store";
 
 export interface PreparedTree {
   treePath: string;
@@ -22,7 +22,7 @@ export function volumeBranch(volumeId: string): string {
  * worktree checked out at the ref.
  */
 export async function prepareTree(store: Store, volumeId: string, source: gitcsi.VolumeSource): Promise<PreparedTree> {
-  const branch = branchOf(source.ref);
+  const branch = branchOfRef(source.ref);
   const repo = await store.ensureRepo(source.url);
   const fetched = await fetchBranch(store, source.url, branch);
   const treePath = store.treeDir(volumeId);

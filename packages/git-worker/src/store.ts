@@ -2,6 +2,7 @@ import { createHash } from "node:crypto";
 import * as fs from "node:fs/promises";
 import * as path from "node:path";
 import { simpleGit, type SimpleGit } from "simple-git";
+import { BRANCH_RULE, branchOf } from "@git-csi/config";
 import { failedPrecondition, invalidArgument } from "@git-csi/protos";
 
 /**
@@ -49,27 +50,11 @@ export class Store {
   }
 }
 
-/** The branch a volume follows, from its `ref` attribute: `main` or `refs/heads/main`. */
-export function branchOf(ref: string): string {
-  const branch = ref.startsWith("refs/heads/") ? ref.slice("refs/heads/".length) : ref;
-  if (branch === "" || ref.startsWith("refs/") && !ref.startsWith("refs/heads/") || !isRefComponentPath(branch)) {
-    throw invalidArgument(`volume_context.ref ${JSON.stringify(ref)} must name a branch, such as main or refs/heads/main`);
-  }
+/** The branch a volume follows; the frontend refused any other ref before it got here. */
+export function branchOfRef(ref: string): string {
+  const branch = branchOf(ref);
+  if (branch === undefined) throw invalidArgument(`volume_context.ref ${JSON.stringify(ref)} ${BRANCH_RULE}`);
   return branch;
-}
-
-/** git check-ref-format's rules, without running git on untrusted input. */
-function isRefComponentPath(name: string): boolean {
-  return (
-    !/[\x00-\x20\x7f~^:?*[\\]/.test(name) &&
-    !name.includes("..") &&
-    !name.includes("@{") &&
-    !name.includes("//") &&
-    !name.startsWith("/") &&
-    !name.endsWith("/") &&
-    !name.endsWith(".") &&
-    name.split("/").every((c) => c !== "" && !c.startsWith(".") && !c.endsWith(".lock"))
-  );
 }
 
 /** The remote-tracking ref the bare repository keeps for a branch. */

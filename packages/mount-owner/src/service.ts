@@ -58,15 +58,15 @@ export function mountOwnerService(deps: MountOwnerDeps): mountOwner.MountOwnerSe
       if (live.stagingPath !== stagingPath) throw failedPrecondition(`volume ${volumeId} is staged at ${live.stagingPath} already; unstage it there first`);
       return {};
     }
-    const record: VolumeRecord = existing ?? { volumeId, source, accessMode: request.accessMode, targets: [] };
-    await state.volumes.put(volumeId, record);
     const tree = await call(worker.prepareTree.bind(worker), { volumeId, source, credential: request.credential }, WORKER_TIMEOUT_MS);
+    // The record is durable before the mount serves: a restarted mount owner finds every mount it made.
+    const record: VolumeRecord = { ...(existing ?? { volumeId, source, accessMode: request.accessMode, targets: [] }), treePath: tree.treePath, stagingPath };
+    await state.volumes.put(volumeId, record);
     // A mount a dead mount owner left behind answers ENOTCONN; it goes before the new session.
     await unmountAll(stagingPath);
     await fs.mkdir(stagingPath, { recursive: true });
     const mount = await deps.mountTree(volumeId, tree.treePath, stagingPath);
     sessions.set(volumeId, { stagingPath, mount });
-    await state.volumes.put(volumeId, { ...record, treePath: tree.treePath, stagingPath });
     logger.info("staged", { volume: volumeId, operation: "stage", reused: tree.reused, head: tree.head });
     return {};
   }

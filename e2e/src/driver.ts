@@ -1,0 +1,135 @@
+// Test and demo helper: the real driver — three services as separate
+// processes under the standalone launcher — and CSI clients on its socket.
+import { type ChildProcess, execFile, spawn } from "node:child_process";
+import * as fs from "node:fs/promises";
+import * as os from "node:os";
+import * as path from "node:path";
+import { promisify } from "node:util";
+import { call, csi, dialUnix } from "@git-csi/protos";
+
+export const run = promisify(execFile);
+
+const LAUNCHER = path.join(__dirname, "..", "..", "..", "packages", "cli", "dist", "src", "main.js");
+
+export interface Driver {
+  dir: string;
+  stateDir: string;
+  endpoint: string;
+  identity: csi.IdentityClient;
+  controller: csi.ControllerClient;
+  node: csi.NodeClient;
+  /** The pid of one service, as the launcher last started it. */
+  pid(service: "csi-frontend" | "mount-owner" | "git-worker"): Promise<number>;
+  /** Everything the services logged, one JSON object per line. */
+  logs(): string;
+  stop(): Promise<void>;
+}
+
+export async function startDriver(options: { nodeId?: string; dir?: string } = {}): Promise<Driver> {
+  const dir = options.dir ?? (await fs.mkdtemp(path.join(os.tmpdir(), "git-csi-e2e-")));
+  const stateDir = path.join(dir, "state");
+  const endpoint = `unix://${path.join(dir, "csi.sock")}`;
+  const launcher = spawn(process.execPath, [LAUNCHER, "standalone", "--state-dir", stateDir, "--endpoint", endpoint, "--node-id", options.nodeId ?? "e2e-node"], {
+    stdio: ["ignore", "pipe", "pipe"],
+  });
+  let logs = "";
+  launcher.stderr!.on("data", (chunk: Buffer) => (logs += chunk.toString()));
+  await waitForReadyLine(launcher, () => logs);
+  const identity = dialUnix(csi.IdentityClient, endpoint);
+  const controller = dialUnix(csi.ControllerClient, endpoint);
+  const node = dialUnix(csi.NodeClient, endpoint);
+  return {
+    dir,
+    stateDir,
+    endpoint,
+    identity,
+    controller,
+    node,
+    pid: async (service) => Number((await fs.readFile(path.join(stateDir, "run", `${service}.pid`), "utf8")).trim()),
+    logs: () => logs,
+    stop: async () => {
+      for (const c of [identity, controller, node]) c.close();
+      await stopProcess(launcher);
+    },
+  };
+}
+
+function waitForReadyLine(launcher: ChildProcess, logs: () => string): Promise<void> {
+  return new Promise((resolve, reject) => {
+    let out = "";
+    launcher.stdout!.on("data", (chunk: Buffer) => {
+      out += chunk.toString();
+      if (out.split("\n").some((line) => line.startsWith("{") && (JSON.parse(line) as { ready?: boolean }).ready)) resolve();
+    });
+    launcher.once("exit", (code) => reject(new Error(`the launcher exited (${code}) before it was ready:\n${logs()}`)));
+  });
+}
+
+function stopProcess(proc: ChildProcess): Promise<void> {
+  if (proc.exitCode !== null || proc.signalCode !== null) return Promise.resolve();
+  return new Promise((resolve) => {
+    proc.once("exit", () => resolve());
+    proc.kill("SIGTERM");
+  });
+}
+
+export const SINGLE_NODE_WRITER = csi.VolumeCapability_AccessMode_Mode.SINGLE_NODE_WRITER;
+export const SINGLE_NODE_SINGLE_WRITER = csi.VolumeCapability_AccessMode_Mode.SINGLE_NODE_SINGLE_WRITER;
+
+export function mountCapability(mode: csi.VolumeCapability_AccessMode_Mode = SINGLE_NODE_SINGLE_WRITER): csi.VolumeCapability {
+  return { mount: { fsType: "", mountFlags: [], volumeMountGroup: "" }, accessMode: { mode } };
+}
+
+/** A volume created, staged and published over the CSI socket, as the kubelet would. */
+export interface PublishedVolume {
+  volumeId: string;
+  context: Record<string, string>;
+  stagingPath: string;
+  targetPath: string;
+}
+
+const T = 60_000;
+
+export async function createVolume(driver: Driver, name: string, url: string, mode = SINGLE_NODE_SINGLE_WRITER): Promise<csi.Volume> {
+  const response = await call(
+    driver.controller.createVolume.bind(driver.controller),
+    { ...csi.CreateVolumeRequest.fromPartial({ name, volumeCapabilities: [mountCapability(mode)], parameters: { url, ref: "main" } }) },
+    T,
+  );
+  return response.volume!;
+}
+
+export async function stageAndPublish(driver: Driver, volume: csi.Volume, mode = SINGLE_NODE_SINGLE_WRITER, pod = "app"): Promise<PublishedVolume> {
+  const stagingPath = path.join(driver.dir, "staging", volume.volumeId);
+  const targetPath = path.join(driver.dir, "pods", pod, "volume");
+  await fs.mkdir(stagingPath, { recursive: true });
+  await fs.mkdir(path.dirname(targetPath), { recursive: true });
+  const capability = mountCapability(mode);
+  await call(driver.node.nodeStageVolume.bind(driver.node), csi.NodeStageVolumeRequest.fromPartial({ volumeId: volume.volumeId, stagingTargetPath: stagingPath, volumeCapability: capability, volumeContext: volume.volumeContext }), T);
+  await call(
+    driver.node.nodePublishVolume.bind(driver.node),
+    csi.NodePublishVolumeRequest.fromPartial({ volumeId: volume.volumeId, stagingTargetPath: stagingPath, targetPath, volumeCapability: capability, volumeContext: volume.volumeContext }),
+    T,
+  );
+  return { volumeId: volume.volumeId, context: volume.volumeContext, stagingPath, targetPath };
+}
+
+export async function unpublishAndUnstage(driver: Driver, volume: PublishedVolume): Promise<void> {
+  await call(driver.node.nodeUnpublishVolume.bind(driver.node), { volumeId: volume.volumeId, targetPath: volume.targetPath }, T);
+  await call(driver.node.nodeUnstageVolume.bind(driver.node), { volumeId: volume.volumeId, stagingTargetPath: volume.stagingPath }, T);
+}
+
+/** Mount points under a directory, from the kernel's table. */
+export async function mountsUnder(dir: string): Promise<string[]> {
+  const table = await fs.readFile("/proc/self/mountinfo", "utf8");
+  return table
+    .split("\n")
+    .map((line) => line.split(" ")[4] ?? "")
+    .filter((mountPoint) => mountPoint === dir || mountPoint.startsWith(`${dir}/`));
+}
+
+/** A shell command in another process: the test process never touches a FUSE mount it could deadlock on. */
+export async function sh(script: string, env: Record<string, string> = {}): Promise<string> {
+  const { stdout } = await run("sh", ["-c", script], { env: { ...process.env, ...env } });
+  return stdout;
+}

@@ -1,0 +1,108 @@
+import assert from "node:assert/strict";
+import { spawn } from "node:child_process";
+import * as fs from "node:fs/promises";
+import * as path from "node:path";
+import { after, before, describe, test } from "node:test";
+import { call } from "@git-csi/protos";
+import { createVolume, type Driver, mountsUnder, sh, stageAndPublish, startDriver, unpublishAndUnstage } from "../src/driver";
+import { type GitServer, startGitDaemon } from "../src/git-server";
+
+/** An application in its own process: appends numbered lines, fsyncing each, and reports every error it meets. */
+const WRITER = `
+import os, sys, time
+path, count = sys.argv[1], int(sys.argv[2])
+errors = 0
+with open(path, "a") as f:
+    for i in range(count):
+        try:
+            f.write("line %d\\n" % i); f.flush(); os.fsync(f.fileno())
+        except OSError as e:
+            errors += 1; print("error", e, file=sys.stderr)
+        time.sleep(0.004)
+print(errors)
+sys.exit(1 if errors else 0)
+`;
+
+async function waitFor<T>(what: string, probe: () => Promise<T | undefined>, timeoutMs = 20_000): Promise<T> {
+  const deadline = Date.now() + timeoutMs;
+  for (;;) {
+    const value = await probe().catch(() => undefined);
+    if (value !== undefined) return value;
+    if (Date.now() > deadline) throw new Error(`timed out waiting for ${what}`);
+    await new Promise((r) => setTimeout(r, 50));
+  }
+}
+
+describe("the split-service layout", () => {
+  let server: GitServer;
+  let driver: Driver;
+
+  before(async () => {
+    server = await startGitDaemon();
+    await server.createRepo("app.git");
+    driver = await startDriver();
+  });
+
+  after(async () => {
+    await driver?.stop();
+    await server?.stop();
+  });
+
+  test("SIGKILL of csi-frontend while an application writes leaves the mount serving, and a new frontend answers at once", async () => {
+    const volume = await createVolume(driver, "replace-frontend", server.url("app.git"));
+    const published = await stageAndPublish(driver, volume);
+    const lines = 1000;
+    const writer = spawn("python3", ["-c", WRITER, path.join(published.targetPath, "log.txt"), String(lines)], { stdio: ["ignore", "pipe", "pipe"] });
+    let writerErr = "";
+    writer.stderr.on("data", (c: Buffer) => (writerErr += c.toString()));
+    const writerDone = new Promise<number>((resolve) => writer.once("exit", (code) => resolve(code ?? 1)));
+
+    await new Promise((r) => setTimeout(r, 800));
+    const oldPid = await driver.pid("csi-frontend");
+    process.kill(oldPid, "SIGKILL");
+    const killedAt = Date.now();
+    const newPid = await waitFor("a new frontend", async () => {
+      const pid = await driver.pid("csi-frontend");
+      return pid !== oldPid ? pid : undefined;
+    });
+    const probe = await waitFor("the new frontend to answer Probe", async () => {
+      const answer = await call(driver.identity.probe.bind(driver.identity), {}, 1000);
+      return answer.ready ? answer : undefined;
+    });
+    assert.equal(probe.ready, true);
+    assert.notEqual(newPid, oldPid);
+    assert.ok(Date.now() - killedAt < 15_000, "the replacement answered");
+
+    assert.equal(await writerDone, 0, `the writer met errors: ${writerErr}`);
+    assert.equal(writerErr, "");
+    const written = await fs.readFile(path.join(driver.stateDir, "trees", volume.volumeId, "log.txt"), "utf8");
+    assert.deepEqual(written.split("\n").filter(Boolean), Array.from({ length: lines }, (_, i) => `line ${i}`));
+    assert.equal(await sh(`wc -l < '${published.targetPath}/log.txt'`), `${lines}\n`);
+
+    // The mount owner and its mounts were never touched.
+    assert.equal((await mountsUnder(driver.dir)).length, 2);
+    await unpublishAndUnstage(driver, published);
+    assert.deepEqual(await mountsUnder(driver.dir), []);
+  });
+
+  test("after a mount-owner restart, unpublish and unstage clear the dead mounts, and a new stage serves", async () => {
+    const volume = await createVolume(driver, "restart-owner", server.url("app.git"));
+    const published = await stageAndPublish(driver, volume);
+    await sh(`echo before > '${published.targetPath}/kept.txt'`);
+    const oldPid = await driver.pid("mount-owner");
+    process.kill(oldPid, "SIGKILL");
+    await waitFor("a new mount owner", async () => ((await driver.pid("mount-owner")) !== oldPid ? true : undefined));
+    await waitFor("Probe ready", async () => ((await call(driver.identity.probe.bind(driver.identity), {}, 1000)).ready ? true : undefined));
+    // The dead FUSE connection is still in the kernel's table.
+    await assert.rejects(sh(`ls '${published.targetPath}'`), /Transport endpoint is not connected/);
+
+    await unpublishAndUnstage(driver, published);
+    await unpublishAndUnstage(driver, published);
+    assert.deepEqual(await mountsUnder(driver.dir), []);
+
+    const again = await stageAndPublish(driver, volume);
+    assert.equal(await sh(`cat '${again.targetPath}/kept.txt'`), "before\n");
+    await unpublishAndUnstage(driver, again);
+    assert.deepEqual(await mountsUnder(driver.dir), []);
+  });
+});

@@ -1,0 +1,173 @@
+import assert from "node:assert/strict";
+import { createHash } from "node:crypto";
+import * as fs from "node:fs/promises";
+import * as path from "node:path";
+import { after, before, describe, test } from "node:test";
+import { status } from "@grpc/grpc-js";
+import { call, csi, CsiError } from "@git-csi/protos";
+import { createVolume, type Driver, mountCapability, mountsUnder, sh, SINGLE_NODE_WRITER, stageAndPublish, startDriver, unpublishAndUnstage } from "../src/driver";
+import { type GitServer, startGitDaemon } from "../src/git-server";
+
+const T = 60_000;
+const Mode = csi.VolumeCapability_AccessMode_Mode;
+
+/** Every file under a directory with a hash of its content: equal snapshots mean no state changed. */
+async function snapshot(dir: string): Promise<Record<string, string>> {
+  const out: Record<string, string> = {};
+  for (const entry of await fs.readdir(dir, { recursive: true, withFileTypes: true })) {
+    if (!entry.isFile()) continue;
+    const file = path.join(entry.parentPath, entry.name);
+    if (file.includes(`${path.sep}run${path.sep}`)) continue;
+    out[path.relative(dir, file)] = createHash("sha256").update(await fs.readFile(file)).digest("hex");
+  }
+  return out;
+}
+
+async function refused(promise: Promise<unknown>, code: status, fragment: string): Promise<void> {
+  await assert.rejects(promise, (err: unknown) => {
+    assert.ok(err instanceof CsiError, `expected a CsiError, got ${String(err)}`);
+    assert.equal(status[err.code], status[code], err.message);
+    assert.ok(err.message.includes(fragment), `message ${JSON.stringify(err.message)} should name ${fragment}`);
+    return true;
+  });
+}
+
+describe("the spine: three services, the CSI surface, a real FUSE mount", () => {
+  let server: GitServer;
+  let driver: Driver;
+  let url: string;
+
+  before(async () => {
+    server = await startGitDaemon();
+    await server.createRepo("config.git", { files: { "configuration.yaml": "homeassistant:\n", "packages/lights.yaml": "light: []\n" } });
+    url = server.url("config.git");
+    driver = await startDriver();
+  });
+
+  after(async () => {
+    await driver?.stop();
+    await server?.stop();
+  });
+
+  test("identity names the driver and probes ready", async () => {
+    const info = await call(driver.identity.getPluginInfo.bind(driver.identity), {}, T);
+    assert.equal(info.name, "git.liken.sh");
+    assert.match(info.vendorVersion, /^\d+\.\d+\.\d+/);
+    const probe = await call(driver.identity.probe.bind(driver.identity), {}, T);
+    assert.equal(probe.ready, true);
+  });
+
+  test("stage clones, publish bind-mounts, and an application's write lands in the work tree", async () => {
+    const volume = await createVolume(driver, "spine-write", url);
+    assert.deepEqual(volume.volumeContext, { url, ref: "main", accessMode: "ReadWriteOncePod" });
+    const published = await stageAndPublish(driver, volume);
+    assert.equal(await sh(`cat '${published.targetPath}/configuration.yaml'`), "homeassistant:\n");
+    await sh(`mkdir -p '${published.targetPath}/automations' && printf 'alias: lights\\n' > '${published.targetPath}/automations/lights.yaml'`);
+    const tree = path.join(driver.stateDir, "trees", volume.volumeId);
+    assert.equal(await fs.readFile(path.join(tree, "automations", "lights.yaml"), "utf8"), "alias: lights\n");
+    // The application sees only its files: git's own live outside the tree.
+    assert.deepEqual((await sh(`ls -a '${published.targetPath}'`)).split("\n").filter(Boolean).sort(), [".", "..", "automations", "configuration.yaml", "packages"]);
+    assert.equal((await mountsUnder(driver.dir)).length, 2, "the staging FUSE mount and one bind mount");
+
+    await unpublishAndUnstage(driver, published);
+    assert.deepEqual(await mountsUnder(driver.dir), []);
+    await assert.rejects(fs.stat(published.targetPath), { code: "ENOENT" });
+    // The node keeps the tree, so the next stage is not a clone.
+    assert.equal(await fs.readFile(path.join(tree, "automations", "lights.yaml"), "utf8"), "alias: lights\n");
+    const again = await stageAndPublish(driver, volume);
+    assert.equal(await sh(`cat '${again.targetPath}/automations/lights.yaml'`), "alias: lights\n");
+    assert.match(driver.logs(), /"message":"reused the work tree the node kept"/);
+    await unpublishAndUnstage(driver, again);
+  });
+
+  test("stage, publish, unpublish and unstage are idempotent", async () => {
+    const volume = await createVolume(driver, "spine-idempotent", url);
+    const first = await stageAndPublish(driver, volume);
+    const second = await stageAndPublish(driver, volume);
+    assert.deepEqual(second, first);
+    assert.equal((await mountsUnder(driver.dir)).length, 2);
+    await unpublishAndUnstage(driver, first);
+    await unpublishAndUnstage(driver, first);
+    assert.deepEqual(await mountsUnder(driver.dir), []);
+  });
+
+  test("ReadWriteOnce: two pods on the node share the one staged mount", async () => {
+    const volume = await createVolume(driver, "spine-rwo", url, SINGLE_NODE_WRITER);
+    const a = await stageAndPublish(driver, volume, SINGLE_NODE_WRITER, "pod-a");
+    const b = await stageAndPublish(driver, volume, SINGLE_NODE_WRITER, "pod-b");
+    await sh(`echo from-a > '${a.targetPath}/shared.txt'`);
+    assert.equal(await sh(`cat '${b.targetPath}/shared.txt'`), "from-a\n");
+    assert.equal((await mountsUnder(driver.dir)).length, 3);
+    await call(driver.node.nodeUnpublishVolume.bind(driver.node), { volumeId: volume.volumeId, targetPath: b.targetPath }, T);
+    await unpublishAndUnstage(driver, a);
+    assert.deepEqual(await mountsUnder(driver.dir), []);
+  });
+
+  test("ReadWriteOncePod refuses a second target, and a volume's access mode never changes", async () => {
+    const volume = await createVolume(driver, "spine-rwop", url);
+    const a = await stageAndPublish(driver, volume, Mode.SINGLE_NODE_SINGLE_WRITER, "pod-one");
+    await refused(stageAndPublish(driver, volume, Mode.SINGLE_NODE_SINGLE_WRITER, "pod-two"), status.FAILED_PRECONDITION, "already published");
+    await refused(
+      call(driver.node.nodePublishVolume.bind(driver.node), csi.NodePublishVolumeRequest.fromPartial({ volumeId: volume.volumeId, stagingTargetPath: a.stagingPath, targetPath: path.join(driver.dir, "pods", "x", "v"), volumeCapability: mountCapability(SINGLE_NODE_WRITER), volumeContext: volume.volumeContext }), T),
+      status.INVALID_ARGUMENT,
+      "volume_capability asks for ReadWriteOnce but the volume was created ReadWriteOncePod",
+    );
+    await unpublishAndUnstage(driver, a);
+  });
+
+  test("a missing ref is a clear FailedPrecondition", async () => {
+    await server.createRepo("empty-branch.git", { branch: "trunk" });
+    const volume = await createVolume(driver, "spine-missing-ref", server.url("empty-branch.git"));
+    await refused(stageAndPublish(driver, volume), status.FAILED_PRECONDITION, "ref main does not exist");
+  });
+
+  test("a bad request answers the right code, names the field, and changes no state", async (t) => {
+    const before = await snapshot(driver.stateDir);
+    const cap = mountCapability();
+    const stage = (r: Partial<csi.NodeStageVolumeRequest>) => call(driver.node.nodeStageVolume.bind(driver.node), csi.NodeStageVolumeRequest.fromPartial(r), T);
+    const publish = (r: Partial<csi.NodePublishVolumeRequest>) => call(driver.node.nodePublishVolume.bind(driver.node), csi.NodePublishVolumeRequest.fromPartial(r), T);
+    const create = (r: Partial<csi.CreateVolumeRequest>) => call(driver.controller.createVolume.bind(driver.controller), csi.CreateVolumeRequest.fromPartial(r), T);
+    const modify = (r: Partial<csi.ControllerModifyVolumeRequest>) => call(driver.controller.controllerModifyVolume.bind(driver.controller), csi.ControllerModifyVolumeRequest.fromPartial(r), T);
+    const ctx = { url, ref: "main" };
+    const staging = path.join(driver.dir, "bad-staging");
+    const cases: Array<[string, () => Promise<unknown>, status, string]> = [
+      ["stage without id", () => stage({ stagingTargetPath: staging, volumeCapability: cap, volumeContext: ctx }), status.INVALID_ARGUMENT, "volume_id is required"],
+      ["stage with a path-like id", () => stage({ volumeId: "../etc", stagingTargetPath: staging, volumeCapability: cap, volumeContext: ctx }), status.INVALID_ARGUMENT, "volume_id \"../etc\" must be"],
+      ["stage without staging path", () => stage({ volumeId: "bad", volumeCapability: cap, volumeContext: ctx }), status.INVALID_ARGUMENT, "staging_target_path is required"],
+      ["stage with a relative staging path", () => stage({ volumeId: "bad", stagingTargetPath: "rel/dir", volumeCapability: cap, volumeContext: ctx }), status.INVALID_ARGUMENT, "staging_target_path \"rel/dir\" must be an absolute path"],
+      ["stage without capability", () => stage({ volumeId: "bad", stagingTargetPath: staging, volumeContext: ctx }), status.INVALID_ARGUMENT, "volume_capability is required"],
+      ["stage without url", () => stage({ volumeId: "bad", stagingTargetPath: staging, volumeCapability: cap, volumeContext: { ref: "main" } }), status.INVALID_ARGUMENT, "volume_context.url is required"],
+      ["stage without ref", () => stage({ volumeId: "bad", stagingTargetPath: staging, volumeCapability: cap, volumeContext: { url } }), status.INVALID_ARGUMENT, "volume_context.ref is required"],
+      ["stage a tag", () => stage({ volumeId: "bad", stagingTargetPath: staging, volumeCapability: cap, volumeContext: { url, ref: "refs/tags/v1" } }), status.INVALID_ARGUMENT, "volume_context.ref \"refs/tags/v1\" must name a branch"],
+      ["stage raw block", () => stage({ volumeId: "bad", stagingTargetPath: staging, volumeCapability: { block: {}, accessMode: { mode: Mode.SINGLE_NODE_WRITER } }, volumeContext: ctx }), status.INVALID_ARGUMENT, "volume_capability.block: raw block volumes are not served"],
+      ["stage with fsType", () => stage({ volumeId: "bad", stagingTargetPath: staging, volumeCapability: { mount: { fsType: "ext4", mountFlags: [], volumeMountGroup: "" }, accessMode: { mode: Mode.SINGLE_NODE_WRITER } }, volumeContext: ctx }), status.INVALID_ARGUMENT, "volume_capability.mount.fs_type \"ext4\""],
+      ["stage with mount flags", () => stage({ volumeId: "bad", stagingTargetPath: staging, volumeCapability: { mount: { fsType: "", mountFlags: ["noatime"], volumeMountGroup: "" }, accessMode: { mode: Mode.SINGLE_NODE_WRITER } }, volumeContext: ctx }), status.INVALID_ARGUMENT, "volume_capability.mount.mount_flags"],
+      ["stage multi-node", () => stage({ volumeId: "bad", stagingTargetPath: staging, volumeCapability: mountCapability(Mode.MULTI_NODE_MULTI_WRITER), volumeContext: ctx }), status.INVALID_ARGUMENT, "volume_capability.access_mode MULTI_NODE_MULTI_WRITER"],
+      ["publish without target", () => publish({ volumeId: "bad", stagingTargetPath: staging, volumeCapability: cap, volumeContext: ctx }), status.INVALID_ARGUMENT, "target_path is required"],
+      ["publish an unstaged volume", () => publish({ volumeId: "never-staged", stagingTargetPath: staging, targetPath: path.join(driver.dir, "t"), volumeCapability: cap, volumeContext: ctx }), status.FAILED_PRECONDITION, "is not staged"],
+      ["unstage without path", () => call(driver.node.nodeUnstageVolume.bind(driver.node), { volumeId: "bad", stagingTargetPath: "" }, T), status.INVALID_ARGUMENT, "staging_target_path is required"],
+      ["unpublish without id", () => call(driver.node.nodeUnpublishVolume.bind(driver.node), { volumeId: "", targetPath: "/x" }, T), status.INVALID_ARGUMENT, "volume_id is required"],
+      ["create without name", () => create({ volumeCapabilities: [cap], parameters: ctx }), status.INVALID_ARGUMENT, "name is required"],
+      ["create without capabilities", () => create({ name: "bad", parameters: ctx }), status.INVALID_ARGUMENT, "volume_capabilities is required"],
+      ["create with two modes", () => create({ name: "bad", volumeCapabilities: [cap, mountCapability(Mode.SINGLE_NODE_WRITER)], parameters: ctx }), status.INVALID_ARGUMENT, "both ReadWriteOncePod and ReadWriteOnce"],
+      ["create without url", () => create({ name: "bad", volumeCapabilities: [cap], parameters: { ref: "main" } }), status.INVALID_ARGUMENT, "parameters.url is required"],
+      ["create with an unknown parameter", () => create({ name: "bad", volumeCapabilities: [cap], parameters: { ...ctx, "push.quiesce": "5s" } }), status.INVALID_ARGUMENT, "parameters push.quiesce: a StorageClass takes only url and ref"],
+      ["create with a bad class parameter", () => create({ name: "bad", volumeCapabilities: [cap], parameters: ctx, mutableParameters: { "push.quiesce": "soon" } }), status.INVALID_ARGUMENT, "mutable_parameters: class parameter push.quiesce: \"soon\" is not a duration"],
+      ["modify an unknown volume", () => modify({ volumeId: "no-such-volume", mutableParameters: { "push.quiesce": "5s" } }), status.NOT_FOUND, "volume no-such-volume does not exist"],
+      ["modify with a bad class parameter", () => modify({ volumeId: "spine-write", mutableParameters: { "commit.author": "nobody" } }), status.INVALID_ARGUMENT, "class parameter commit.author: \"nobody\" is not Name <email>"],
+      ["validate without capabilities", () => call(driver.controller.validateVolumeCapabilities.bind(driver.controller), csi.ValidateVolumeCapabilitiesRequest.fromPartial({ volumeId: "spine-write" }), T), status.INVALID_ARGUMENT, "volume_capabilities is required"],
+    ];
+    for (const [name, request, code, fragment] of cases) {
+      await t.test(name, () => refused(request(), code, fragment));
+    }
+    assert.deepEqual(await snapshot(driver.stateDir), before);
+    await assert.rejects(fs.stat(staging), { code: "ENOENT" });
+  });
+
+  test("ControllerModifyVolume applies the class to the volume in standalone mode", async () => {
+    await call(driver.controller.controllerModifyVolume.bind(driver.controller), csi.ControllerModifyVolumeRequest.fromPartial({ volumeId: "spine-write", mutableParameters: { "push.quiesce": "5s" } }), T);
+    await call(driver.controller.controllerModifyVolume.bind(driver.controller), csi.ControllerModifyVolumeRequest.fromPartial({ volumeId: "spine-write", mutableParameters: { "push.maxLatency": "1m" } }), T);
+    const record = JSON.parse(await fs.readFile(path.join(driver.stateDir, "provisioned", "spine-write.json"), "utf8")) as { classParameters: Record<string, string> };
+    assert.deepEqual(record.classParameters, { "push.quiesce": "5s", "push.maxLatency": "1m" });
+  });
+});

@@ -1,0 +1,42 @@
+#!/usr/bin/env node
+import { parseFlags, UsageError } from "@git-csi/config";
+import { createLogger, logLifecycle } from "@git-csi/logging";
+import { dialUnix, gitWorker, mountOwner, serveUnix, stopServer } from "@git-csi/protos";
+import { fuseNative } from "./fuse/fuse-native";
+import { createPassthrough } from "./fuse/passthrough";
+import { mountOwnerService } from "./service";
+import { State } from "./state";
+
+async function main(): Promise<void> {
+  const flags = parseFlags(
+    process.argv.slice(2),
+    "mount-owner",
+    "The durable git.liken.sh service: serves each staged volume's work tree through FUSE at its staging path, bind-mounts it into publish targets, and keeps each volume's record. It outlives a replaced CSI frontend.",
+    [
+      { name: "state-dir", help: "directory holding the node's volume records", required: true },
+      { name: "listen", help: "unix socket this service serves, unix:///path/mount-owner.sock", required: true },
+      { name: "git-worker", help: "the git worker's socket, unix:///path/git-worker.sock", required: true },
+      { name: "node-id", help: "this node's name", default: process.env.NODE_NAME ?? "" },
+    ],
+  );
+  const logger = createLogger("mount-owner");
+  const worker = dialUnix(gitWorker.GitWorkerClient, flags["git-worker"]!);
+  const service = mountOwnerService({
+    state: new State(flags["state-dir"]!),
+    worker,
+    logger,
+    mountTree: (volumeId, treePath, stagingPath) => fuseNative.mount({ mountpoint: stagingPath, fsname: `git-csi:${volumeId}`, ops: createPassthrough(treePath) }),
+  });
+  const server = await serveUnix(flags.listen!, [{ definition: mountOwner.MountOwnerService, implementation: service }]);
+  // Mounts stay when this process stops: the normal unpublish and unstage path recovers them.
+  logLifecycle(logger, async () => {
+    await stopServer(server);
+    worker.close();
+  });
+  logger.info("started", { operation: "startup", listen: flags.listen, stateDir: flags["state-dir"], node: flags["node-id"] });
+}
+
+main().catch((err: unknown) => {
+  process.stderr.write(`${err instanceof UsageError ? err.message : JSON.stringify({ level: "error", service: "mount-owner", operation: "startup", message: String(err) })}\n`);
+  process.exit(err instanceof UsageError ? 2 : 1);
+});
