@@ -25,11 +25,11 @@ export interface Driver {
   stop(): Promise<void>;
 }
 
-export async function startDriver(options: { nodeId?: string; dir?: string } = {}): Promise<Driver> {
+export async function startDriver(options: { nodeId?: string; dir?: string; metricsPort?: number } = {}): Promise<Driver> {
   const dir = options.dir ?? (await fs.mkdtemp(path.join(os.tmpdir(), "git-csi-e2e-")));
   const stateDir = path.join(dir, "state");
   const endpoint = `unix://${path.join(dir, "csi.sock")}`;
-  const launcher = spawn(process.execPath, [LAUNCHER, "standalone", "--state-dir", stateDir, "--endpoint", endpoint, "--node-id", options.nodeId ?? "e2e-node"], {
+  const launcher = spawn(process.execPath, [LAUNCHER, "standalone", "--state-dir", stateDir, "--endpoint", endpoint, "--node-id", options.nodeId ?? "e2e-node", "--metrics-address", options.metricsPort ? `127.0.0.1:${options.metricsPort}` : ""], {
     stdio: ["ignore", "pipe", "pipe"],
   });
   let logs = "";

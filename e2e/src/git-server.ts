@@ -12,6 +12,7 @@
 // author/committer identity, no terminal prompts).
 
 import { spawn, type ChildProcess } from "node:child_process";
+import { readdirSync, readFileSync } from "node:fs";
 import { mkdtemp, mkdir, rm } from "node:fs/promises";
 import * as net from "node:net";
 import * as os from "node:os";
@@ -167,7 +168,8 @@ function checkFilePath(p: string): void {
   }
 }
 
-function freePort(): Promise<number> {
+/** A TCP port that was free on 127.0.0.1 a moment ago (callers retry on a bind race). */
+export function freePort(): Promise<number> {
   return new Promise((resolve, reject) => {
     const srv = net.createServer();
     srv.unref();
@@ -216,6 +218,117 @@ async function writeCommit(
   } finally {
     await rm(indexFile, { force: true });
   }
+}
+
+/** The repository half of GitServer, shared by the git://, ssh:// and http:// test servers. */
+export type BareRepoOps = Pick<GitServer, "baseDir" | "repoPath" | "createRepo" | "commitFiles" | "git">;
+
+/** Repo helpers over bare repos under `baseDir`; `workDir` holds throwaway index files. */
+export function bareRepoOps(baseDir: string, workDir: string): BareRepoOps {
+  const repoPath = (repo: string) => {
+    checkRepoName(repo);
+    return path.join(baseDir, repo);
+  };
+  return {
+    baseDir,
+    repoPath,
+    async createRepo(repo, opts = {}) {
+      const gitDir = repoPath(repo);
+      const branch = opts.branch ?? "main";
+      checkBranch(branch);
+      const files = opts.files ?? { "README.md": `# ${repo}\n` };
+      await mkdir(path.dirname(gitDir), { recursive: true });
+      await runGit(["init", "--quiet", "--bare", `--initial-branch=${branch}`, gitDir]);
+      const sha = await writeCommit(gitDir, workDir, undefined, files, [], opts.message ?? "initial commit");
+      await runGit([`--git-dir=${gitDir}`, "update-ref", `refs/heads/${branch}`, sha, ""]);
+      return sha;
+    },
+    async commitFiles(repo, files, opts = {}) {
+      const gitDir = repoPath(repo);
+      const branch = opts.branch ?? "main";
+      checkBranch(branch);
+      const ref = `refs/heads/${branch}`;
+      const cur = await runGitRaw([`--git-dir=${gitDir}`, "rev-parse", "--verify", "--quiet", `${ref}^{commit}`]);
+      const parent = cur.code === 0 ? cur.stdout.trim() : undefined;
+      const sha = await writeCommit(gitDir, workDir, parent, files, opts.remove ?? [], opts.message ?? "update");
+      // compare-and-swap against the parent we built on ("" = must not exist yet)
+      await runGit([`--git-dir=${gitDir}`, "update-ref", ref, sha, parent ?? ""]);
+      return sha;
+    },
+    git(repo, ...args) {
+      return runGit([`--git-dir=${repoPath(repo)}`, ...args]);
+    },
+  };
+}
+
+/** Live (non-zombie) descendants of `root`, from /proc (Linux only). */
+function liveDescendants(root: number): { pid: number; ppid: number }[] {
+  const procs: { pid: number; ppid: number }[] = [];
+  for (const ent of readdirSync("/proc")) {
+    if (!/^[0-9]+$/.test(ent)) continue;
+    try {
+      const stat = readFileSync(`/proc/${ent}/stat`, "utf8");
+      // "pid (comm) state ppid ...": comm may contain spaces and parens
+      const [state, ppid] = stat.slice(stat.lastIndexOf(")") + 2).split(" ");
+      if (state !== "Z" && state !== "X") procs.push({ pid: Number(ent), ppid: Number(ppid) });
+    } catch {
+      /* exited meanwhile */
+    }
+  }
+  const inTree = new Set([root]);
+  const out: { pid: number; ppid: number }[] = [];
+  for (let grew = true; grew; ) {
+    grew = false;
+    for (const p of procs) {
+      if (!inTree.has(p.pid) && inTree.has(p.ppid)) {
+        inTree.add(p.pid);
+        out.push(p);
+        grew = true;
+      }
+    }
+  }
+  return out;
+}
+
+function signal(pid: number, sig: NodeJS.Signals): void {
+  try {
+    process.kill(pid, sig);
+  } catch {
+    /* already gone */
+  }
+}
+
+/**
+ * Stop a server process and every process below it, even ones that left its
+ * process group (sshd puts each connection in its own session). The server is
+ * frozen (SIGSTOP: no new connections or forks), its subtree is killed leaves
+ * first so that every process is reaped by its own (running) parent, then the
+ * server gets SIGTERM+SIGCONT (SIGKILL after `graceMs`) and is reaped by us.
+ */
+export async function stopProcessTree(child: ChildProcess, graceMs = 3_000): Promise<void> {
+  const pid = child.pid;
+  if (pid === undefined || child.exitCode !== null || child.signalCode !== null) return;
+  const gone = new Promise<void>((r) => child.once("exit", () => r()));
+  signal(pid, "SIGSTOP");
+  for (let round = 0; round < 200; round++) {
+    const desc = liveDescendants(pid);
+    if (desc.length === 0) break;
+    const parents = new Set(desc.map((p) => p.ppid));
+    for (const p of desc) if (!parents.has(p.pid)) signal(p.pid, "SIGKILL");
+    await sleep(10);
+  }
+  signal(pid, "SIGTERM");
+  signal(pid, "SIGCONT");
+  const t = setTimeout(() => signal(pid, "SIGKILL"), graceMs);
+  await gone;
+  clearTimeout(t);
+}
+
+/** Synchronous last resort (process "exit" hook): SIGKILL the process and its whole tree. */
+export function killProcessTreeSync(pid: number): void {
+  signal(pid, "SIGSTOP");
+  for (const p of liveDescendants(pid)) signal(p.pid, "SIGKILL");
+  signal(pid, "SIGKILL");
 }
 
 export async function startGitDaemon(): Promise<GitServer> {
@@ -299,45 +412,15 @@ export async function startGitDaemon(): Promise<GitServer> {
     throw e;
   }
 
-  const repoPath = (repo: string) => {
-    checkRepoName(repo);
-    return path.join(baseDir, repo);
-  };
+  const ops = bareRepoOps(baseDir, workDir);
 
   let stopped = false;
   const server: GitServer = {
-    baseDir,
+    ...ops,
     port,
     url(repo) {
       checkRepoName(repo);
       return `git://127.0.0.1:${port}/${repo}`;
-    },
-    repoPath,
-    async createRepo(repo, opts = {}) {
-      const gitDir = repoPath(repo);
-      const branch = opts.branch ?? "main";
-      checkBranch(branch);
-      const files = opts.files ?? { "README.md": `# ${repo}\n` };
-      await mkdir(path.dirname(gitDir), { recursive: true });
-      await runGit(["init", "--quiet", "--bare", `--initial-branch=${branch}`, gitDir]);
-      const sha = await writeCommit(gitDir, workDir, undefined, files, [], opts.message ?? "initial commit");
-      await runGit([`--git-dir=${gitDir}`, "update-ref", `refs/heads/${branch}`, sha, ""]);
-      return sha;
-    },
-    async commitFiles(repo, files, opts = {}) {
-      const gitDir = repoPath(repo);
-      const branch = opts.branch ?? "main";
-      checkBranch(branch);
-      const ref = `refs/heads/${branch}`;
-      const cur = await runGitRaw([`--git-dir=${gitDir}`, "rev-parse", "--verify", "--quiet", `${ref}^{commit}`]);
-      const parent = cur.code === 0 ? cur.stdout.trim() : undefined;
-      const sha = await writeCommit(gitDir, workDir, parent, files, opts.remove ?? [], opts.message ?? "update");
-      // compare-and-swap against the parent we built on ("" = must not exist yet)
-      await runGit([`--git-dir=${gitDir}`, "update-ref", ref, sha, parent ?? ""]);
-      return sha;
-    },
-    git(repo, ...args) {
-      return runGit([`--git-dir=${repoPath(repo)}`, ...args]);
     },
     async stop() {
       if (stopped) return;

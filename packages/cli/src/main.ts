@@ -15,9 +15,10 @@ async function main(argv: string[]): Promise<void> {
     { name: "state-dir", help: "the node's state directory: work trees, volume records, sockets", required: true },
     { name: "endpoint", help: "CSI socket to serve, unix:///path/csi.sock", required: true },
     { name: "node-id", help: "this node's name", default: "standalone" },
+    { name: "metrics-address", help: "host:port of the /metrics listener and per-volume reports (/volumes/<volume>); empty for none", default: "" },
   ]);
   const logger = createLogger("git-csi");
-  const standalone = new Standalone({ stateDir: flags["state-dir"]!, endpoint: flags.endpoint!, nodeId: flags["node-id"]! }, logger);
+  const standalone = new Standalone({ stateDir: flags["state-dir"]!, endpoint: flags.endpoint!, nodeId: flags["node-id"]!, metricsAddress: flags["metrics-address"]! }, logger);
   logLifecycle(logger, () => standalone.stop());
   await standalone.start();
   process.stdout.write(`${JSON.stringify({ ready: true, endpoint: flags.endpoint, stateDir: flags["state-dir"], nodeId: flags["node-id"] })}\n`);

@@ -8,6 +8,8 @@ export interface StandaloneOptions {
   stateDir: string;
   endpoint: string;
   nodeId: string;
+  /** host:port of the node plugin's /metrics listener; empty for none. */
+  metricsAddress: string;
 }
 
 interface Child {
@@ -44,7 +46,7 @@ export class Standalone {
     const worker = `unix://${path.join(sockets, "git-worker.sock")}`;
     const owner = `unix://${path.join(sockets, "mount-owner.sock")}`;
     this.children = [
-      { name: "git-worker", args: [binOf("git-worker"), "--state-dir", options.stateDir, "--listen", worker] },
+      { name: "git-worker", args: [binOf("git-worker"), "--state-dir", options.stateDir, "--listen", worker, "--metrics-address", options.metricsAddress] },
       { name: "mount-owner", args: [binOf("mount-owner"), "--state-dir", options.stateDir, "--listen", owner, "--git-worker", worker, "--node-id", options.nodeId] },
       { name: "csi-frontend", args: [binOf("csi-frontend"), "--endpoint", options.endpoint, "--mount-owner", owner, "--node-id", options.nodeId, "--mode", "standalone"] },
     ];

@@ -3,3 +3,4 @@ export * from "./duration";
 export * from "./flags";
 export * from "./serial";
 export * from "./ref";
+export * from "./events";

@@ -11,7 +11,7 @@ export function identityService(version: string, owner: mountOwner.MountOwnerCli
     })),
     // Ready only when the mount owner answers, and it answers ready only when the git worker does.
     probe: unary("probe", logger, async () => {
-      const answer = await call(owner.probe.bind(owner), {}, 5000).catch((err: Error) => ({ ready: false, message: `mount owner does not answer: ${err.message}` }));
+      const answer = await call(owner.probe.bind(owner), {}, 5000).catch((err: Error) => ({ ready: false, message: `mount owner does not answer: ${err.message}`, instance: "" }));
       if (!answer.ready) logger.warn("not ready", { operation: "probe", reason: answer.message });
       return { ready: answer.ready };
     }),

@@ -1,22 +1,66 @@
-import { gitWorker, required, unary } from "@git-csi/protos";
+import { randomUUID } from "node:crypto";
+import { branchOf, ClassParameterError, KeyedSerial } from "@git-csi/config";
 import type { Logger } from "@git-csi/logging";
-import { KeyedSerial } from "@git-csi/config";
+import type { DriverMetrics } from "@git-csi/metrics";
+import { type gitWorker, invalidArgument, notFound, required, unary } from "@git-csi/protos";
 import { prepareTree } from "./stage";
 import type { Store } from "./store";
+import { VolumeSync } from "./sync";
 
-export function gitWorkerService(store: Store, logger: Logger): gitWorker.GitWorkerServer {
+/** The volumes this worker watches, by volume id. */
+export type Syncs = Map<string, VolumeSync>;
+
+export function gitWorkerService(store: Store, syncs: Syncs, metrics: DriverMetrics, logger: Logger): gitWorker.GitWorkerServer {
   // Git operations on one bare repository run one at a time: fetches and
   // worktree changes of two volumes of one URL would race for its locks.
   const perRepository = new KeyedSerial();
+  const syncOf = (volumeId: string) => {
+    const sync = syncs.get(volumeId);
+    if (!sync) throw notFound(`volume ${volumeId} is not staged on this node`);
+    return sync;
+  };
+  const instance = randomUUID();
+  const classError = (err: unknown) => (err instanceof ClassParameterError ? invalidArgument(err.message) : err);
+
   return {
-    probe: unary("probe", logger, async () => ({ ready: true, message: "" })),
+    probe: unary("probe", logger, async () => ({ ready: true, message: "", instance })),
+
     prepareTree: unary("prepare_tree", logger, async (request: gitWorker.PrepareTreeRequest) => {
       const volumeId = required(request.volumeId, "volume_id");
       const source = required(request.source, "source");
       required(source.url, "source.url");
       const tree = await perRepository.run(store.repoDir(source.url), () => prepareTree(store, volumeId, source));
       logger.info(tree.reused ? "reused the work tree the node kept" : "cloned the work tree", { volume: volumeId, operation: "prepare_tree", head: tree.head });
-      return tree;
+      if (!syncs.has(volumeId)) {
+        const sync = new VolumeSync({ store, volumeId, source, branch: branchOf(source.ref)!, claim: request.claim ?? { namespace: "", name: "" }, logger, metrics });
+        await perRepository.run(store.repoDir(source.url), () => sync.start(request.class, tree.fetched)).catch((err: unknown) => {
+          throw classError(err);
+        });
+        syncs.set(volumeId, sync);
+      }
+      return { treePath: tree.treePath, head: tree.head, reused: tree.reused };
     }),
+
+    setClass: unary("set_class", logger, async (request: gitWorker.SetClassRequest) => {
+      const sync = syncOf(required(request.volumeId, "volume_id"));
+      await sync.setClass(request.class).catch((err: unknown) => {
+        throw classError(err);
+      });
+      return {};
+    }),
+
+    flushVolume: unary("flush", logger, async (request: gitWorker.FlushVolumeRequest) => {
+      const sync = syncs.get(required(request.volumeId, "volume_id"));
+      return sync ? sync.flush() : { pushed: false, message: "the volume is not staged on this node" };
+    }),
+
+    releaseTree: unary("release_tree", logger, async (request: gitWorker.ReleaseTreeRequest) => {
+      const volumeId = required(request.volumeId, "volume_id");
+      await syncs.get(volumeId)?.stop();
+      syncs.delete(volumeId);
+      return {};
+    }),
+
+    getReport: unary("report", logger, async (request: gitWorker.GetReportRequest) => syncOf(required(request.volumeId, "volume_id")).report()),
   };
 }

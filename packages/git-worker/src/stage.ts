@@ -1,14 +1,17 @@
 import * as fs from "node:fs/promises";
 import * as path from "node:path";
-import { GitError } from "simple-git";
 import { failedPrecondition, unavailable } from "@git-csi/protos";
 import type { gitcsi } from "@git-csi/protos";
+import { fetchBranch } from "./remote";
 import { branchOfRef, exists, missingRef, type Store, upstreamRef } from "./store";
+import { revParse } from "./tree";
 
 export interface PreparedTree {
   treePath: string;
   head: string;
   reused: boolean;
+  /** False when the ref is gone upstream: a kept tree still serves, and its commits are not lost. */
+  fetched: boolean;
 }
 
 /** The local branch a volume's work tree is on, in the shared bare repository. */
@@ -24,7 +27,12 @@ export function volumeBranch(volumeId: string): string {
 export async function prepareTree(store: Store, volumeId: string, source: gitcsi.VolumeSource): Promise<PreparedTree> {
   const branch = branchOfRef(source.ref);
   const repo = await store.ensureRepo(source.url);
-  const fetched = await fetchBranch(store, source.url, branch);
+  const fetched = await fetchBranch(repo, branch).then(
+    (result) => result === "fetched",
+    (err: Error) => {
+      throw unavailable(`${err.message} (${source.url})`);
+    },
+  );
   const treePath = store.treeDir(volumeId);
   const gitDir = store.treeGitDir(source.url, volumeId);
   const [hasTree, hasGitDir] = await Promise.all([exists(treePath), exists(gitDir)]);
@@ -39,18 +47,6 @@ export async function prepareTree(store: Store, volumeId: string, source: gitcsi
     // The application sees only its own files: git reaches the tree through GIT_DIR.
     await fs.rm(path.join(treePath, ".git"));
   }
-  const head = await store.tree(source.url, volumeId).raw(["rev-parse", "--verify", "--quiet", "HEAD"]).catch(() => "");
-  return { treePath, head, reused: hasTree };
-}
-
-/** Fetches the branch; false when the remote has no such branch. */
-async function fetchBranch(store: Store, url: string, branch: string): Promise<boolean> {
-  try {
-    await store.repo(url).raw(["fetch", "--quiet", "--no-tags", "origin", `+refs/heads/${branch}:${upstreamRef(branch)}`]);
-    return true;
-  } catch (err) {
-    const message = err instanceof GitError ? err.message : String(err);
-    if (/couldn't find remote ref/i.test(message)) return false;
-    throw unavailable(`fetch of ${branch} from ${url} failed: ${message.trim()}`);
-  }
+  const head = await revParse(store.tree(source.url, volumeId), "HEAD");
+  return { treePath, head, reused: hasTree, fetched };
 }

@@ -34,9 +34,36 @@ export class Store {
     return gitAt(this.repoDir(url), { GIT_DIR: this.repoDir(url) });
   }
 
-  /** git in a volume's work tree. */
-  tree(url: string, volumeId: string): SimpleGit {
-    return gitAt(this.treeDir(volumeId), { GIT_DIR: this.treeGitDir(url, volumeId), GIT_WORK_TREE: this.treeDir(volumeId) });
+  /** Where the worker keeps a volume's own files: the class's ignore patterns, pathspec lists, the watcher's snapshot. */
+  volumeDir(volumeId: string): string {
+    return path.join(this.stateDir, "sync", volumeId);
+  }
+
+  excludesFile(volumeId: string): string {
+    return path.join(this.volumeDir(volumeId), "ignore");
+  }
+
+  /** A second worktree beside the pod's, where rebases run out of the application's view. */
+  scratchDir(volumeId: string): string {
+    return path.join(this.stateDir, "scratch", `${volumeId}.rebase`);
+  }
+
+  /**
+   * git in a volume's work tree: paths are literal (a file named `*` is a
+   * file, not a glob) and the class's ignore patterns apply on top of the
+   * repository's own .gitignore.
+   */
+  tree(url: string, volumeId: string, env: Record<string, string> = {}): SimpleGit {
+    return gitAt(
+      this.treeDir(volumeId),
+      { GIT_DIR: this.treeGitDir(url, volumeId), GIT_WORK_TREE: this.treeDir(volumeId), GIT_LITERAL_PATHSPECS: "1", ...env },
+      [`core.excludesFile=${this.excludesFile(volumeId)}`],
+    );
+  }
+
+  /** git in the scratch worktree. */
+  scratch(volumeId: string, env: Record<string, string> = {}): SimpleGit {
+    return gitIn(this.scratchDir(volumeId), env);
   }
 
   async ensureRepo(url: string): Promise<SimpleGit> {
@@ -66,8 +93,14 @@ export function missingRef(url: string, branch: string): Error {
   return failedPrecondition(`ref ${branch} does not exist in ${url}; push a first commit to it (a .gitignore is a good one) and stage again`);
 }
 
-function gitAt(dir: string, env: Record<string, string>): SimpleGit {
-  return simpleGit({ baseDir: path.dirname(dir), trimmed: true }).env({
+/** git for a path whose parent exists: git finds its repository through the environment. */
+function gitAt(dir: string, env: Record<string, string>, config: string[] = []): SimpleGit {
+  return gitIn(path.dirname(dir), env, config);
+}
+
+/** git run in an existing directory, with a clean environment: no prompt ever waits for a terminal. */
+function gitIn(cwd: string, env: Record<string, string>, config: string[] = []): SimpleGit {
+  return simpleGit({ baseDir: cwd, trimmed: false, config }).env({
     PATH: process.env.PATH ?? "/usr/bin:/bin",
     HOME: process.env.HOME ?? "/",
     GIT_TERMINAL_PROMPT: "0",

@@ -4,8 +4,10 @@ import { createLogger, logLifecycle } from "@git-csi/logging";
 import { dialUnix, gitWorker, mountOwner, serveUnix, stopServer } from "@git-csi/protos";
 import { fuseNative } from "./fuse/fuse-native";
 import { createPassthrough } from "./fuse/passthrough";
-import { mountOwnerService } from "./service";
+import { createMountOwner } from "./service";
 import { State } from "./state";
+
+const WORKER_WATCH_MS = 2000;
 
 async function main(): Promise<void> {
   const flags = parseFlags(
@@ -21,15 +23,17 @@ async function main(): Promise<void> {
   );
   const logger = createLogger("mount-owner");
   const worker = dialUnix(gitWorker.GitWorkerClient, flags["git-worker"]!);
-  const service = mountOwnerService({
+  const owner = createMountOwner({
     state: new State(flags["state-dir"]!),
     worker,
     logger,
     mountTree: (volumeId, treePath, stagingPath) => fuseNative.mount({ mountpoint: stagingPath, fsname: `git-csi:${volumeId}`, ops: createPassthrough(treePath) }),
   });
-  const server = await serveUnix(flags.listen!, [{ definition: mountOwner.MountOwnerService, implementation: service }]);
+  const server = await serveUnix(flags.listen!, [{ definition: mountOwner.MountOwnerService, implementation: owner.service }]);
+  const workerWatch = owner.watchWorker(WORKER_WATCH_MS);
   // Mounts stay when this process stops: the normal unpublish and unstage path recovers them.
   logLifecycle(logger, async () => {
+    clearInterval(workerWatch);
     await stopServer(server);
     worker.close();
   });

@@ -1,3 +1,4 @@
+import { randomUUID } from "node:crypto";
 import * as fs from "node:fs/promises";
 import { KeyedSerial } from "@git-csi/config";
 import type { Logger } from "@git-csi/logging";
@@ -37,7 +38,13 @@ const MODE_NAMES: Record<gitcsi.AccessMode, string> = {
   [gitcsi.AccessMode.UNRECOGNIZED]: "unrecognized",
 };
 
-export function mountOwnerService(deps: MountOwnerDeps): mountOwner.MountOwnerServer {
+export interface MountOwner {
+  service: mountOwner.MountOwnerServer;
+  /** Hands every staged volume to a git worker that restarted and knows none of them. */
+  watchWorker(intervalMs: number): NodeJS.Timeout;
+}
+
+export function createMountOwner(deps: MountOwnerDeps): MountOwner {
   const { state, worker, logger } = deps;
   const sessions = new Map<string, { stagingPath: string; mount: StagedMount }>();
   const perVolume = new KeyedSerial();
@@ -58,9 +65,11 @@ export function mountOwnerService(deps: MountOwnerDeps): mountOwner.MountOwnerSe
       if (live.stagingPath !== stagingPath) throw failedPrecondition(`volume ${volumeId} is staged at ${live.stagingPath} already; unstage it there first`);
       return {};
     }
-    const tree = await call(worker.prepareTree.bind(worker), { volumeId, source, credential: request.credential }, WORKER_TIMEOUT_MS);
+    const volumeClass = existing?.volumeClass ?? (await provisionedClass(volumeId));
+    const planned: VolumeRecord = { ...(existing ?? { volumeId, source, accessMode: request.accessMode, targets: [] }), stagingPath, volumeClass };
+    const tree = await prepare(planned, request.credential);
     // The record is durable before the mount serves: a restarted mount owner finds every mount it made.
-    const record: VolumeRecord = { ...(existing ?? { volumeId, source, accessMode: request.accessMode, targets: [] }), treePath: tree.treePath, stagingPath };
+    const record: VolumeRecord = { ...planned, treePath: tree.treePath };
     await state.volumes.put(volumeId, record);
     // A mount a dead mount owner left behind answers ENOTCONN; it goes before the new session.
     await unmountAll(stagingPath);
@@ -83,6 +92,9 @@ export function mountOwnerService(deps: MountOwnerDeps): mountOwner.MountOwnerSe
       sessions.delete(volumeId);
     }
     await unmountAll(stagingPath);
+    // The pod's unstage pushes before the volume leaves the node; a push that fails keeps its commits in the tree.
+    await flush(volumeId);
+    await call(worker.releaseTree.bind(worker), { volumeId }, WORKER_TIMEOUT_MS);
     if (record) await state.volumes.put(volumeId, { ...record, stagingPath: undefined });
     logger.info("unstaged", { volume: volumeId, operation: "unstage" });
     return {};
@@ -115,16 +127,62 @@ export function mountOwnerService(deps: MountOwnerDeps): mountOwner.MountOwnerSe
     await fs.rm(targetPath, { recursive: false, force: true }).catch(() => fs.rmdir(targetPath).catch(() => undefined));
     const record = await state.volumes.get(volumeId);
     if (record?.targets.includes(targetPath)) {
-      await state.volumes.put(volumeId, { ...record, targets: record.targets.filter((t) => t !== targetPath) });
+      const targets = record.targets.filter((t) => t !== targetPath);
+      await state.volumes.put(volumeId, { ...record, targets });
+      // The last pod stopped: push what the tree holds.
+      if (targets.length === 0) await flush(volumeId);
     }
     logger.info("unpublished", { volume: volumeId, operation: "unpublish", target: targetPath });
     return {};
   }
 
-  return {
+  async function flush(volumeId: string): Promise<void> {
+    const result = await call(worker.flushVolume.bind(worker), { volumeId }, WORKER_TIMEOUT_MS).catch((err: Error) => ({ pushed: false, message: err.message }));
+    logger.log(result.pushed ? "info" : "warn", result.pushed ? "flushed" : `flush did not push: ${result.message}`, { volume: volumeId, operation: "flush" });
+  }
+
+  /** In standalone mode the controller's record carries the class ControllerModifyVolume applied. */
+  async function provisionedClass(volumeId: string): Promise<gitcsi.VolumeClass | undefined> {
+    const provisioned = await state.provisioned.get(volumeId);
+    return provisioned && Object.keys(provisioned.classParameters).length > 0 ? { name: "", parameters: provisioned.classParameters } : undefined;
+  }
+
+  /** Records the class on the node volume and arms or unarms a staged one at once. */
+  async function setVolumeClass(volumeId: string, volumeClass: gitcsi.VolumeClass | undefined): Promise<void> {
+    if (sessions.has(volumeId)) await call(worker.setClass.bind(worker), { volumeId, class: volumeClass }, WORKER_TIMEOUT_MS);
+    const record = await state.volumes.get(volumeId);
+    if (record) await state.volumes.put(volumeId, { ...record, volumeClass });
+  }
+
+  async function prepare(record: VolumeRecord, credential?: gitcsi.Credential): Promise<gitWorker.PrepareTreeResponse> {
+    return call(worker.prepareTree.bind(worker), { volumeId: record.volumeId, source: record.source, credential, class: record.volumeClass, claim: undefined }, WORKER_TIMEOUT_MS);
+  }
+
+  const ownerInstance = randomUUID();
+  let workerInstance = "";
+  function watchWorker(intervalMs: number): NodeJS.Timeout {
+    return setInterval(() => {
+      void call(worker.probe.bind(worker), {}, intervalMs)
+        .then(async ({ instance }) => {
+          const restarted = workerInstance !== "" && instance !== workerInstance;
+          workerInstance = instance;
+          if (!restarted) return;
+          logger.warn("the git worker restarted; handing it the staged volumes again", { operation: "worker_restart", volumes: sessions.size });
+          for (const volumeId of sessions.keys()) {
+            await perVolume.run(volumeId, async () => {
+              const record = await state.volumes.get(volumeId);
+              if (record) await prepare(record);
+            });
+          }
+        })
+        .catch(() => undefined);
+    }, intervalMs);
+  }
+
+  const service: mountOwner.MountOwnerServer = {
     probe: unary("probe", logger, async () => {
-      const answer = await call(worker.probe.bind(worker), {}, 5000).catch((err: Error) => ({ ready: false, message: `git worker does not answer: ${err.message}` }));
-      return answer.ready ? { ready: true, message: "" } : answer;
+      const answer = await call(worker.probe.bind(worker), {}, 5000).catch((err: Error) => ({ ready: false, message: `git worker does not answer: ${err.message}`, instance: "" }));
+      return { ready: answer.ready, message: answer.message, instance: ownerInstance };
     }),
     createVolume: unary("create_volume", logger, async (request: mountOwner.CreateVolumeRequest) => {
       const name = required(request.name, "name");
@@ -160,8 +218,14 @@ export function mountOwnerService(deps: MountOwnerDeps): mountOwner.MountOwnerSe
       const volume = await state.provisioned.get(volumeId);
       if (!volume) throw notFound(`volume ${volumeId} does not exist`);
       // Parameters a request does not name keep their values, as CSI asks of ControllerModifyVolume.
-      await state.provisioned.put(volumeId, { ...volume, classParameters: { ...volume.classParameters, ...request.classParameters } });
+      const classParameters = { ...volume.classParameters, ...request.classParameters };
+      await setVolumeClass(volumeId, { name: "", parameters: classParameters });
+      await state.provisioned.put(volumeId, { ...volume, classParameters });
       logger.info("class applied", { volume: volumeId, operation: "modify_volume" });
+      return {};
+    }),
+    setVolumeClass: serialized("set_volume_class", async (request: mountOwner.SetVolumeClassRequest, volumeId) => {
+      await setVolumeClass(volumeId, request.class);
       return {};
     }),
     stageVolume: serialized("stage", stage),
@@ -169,6 +233,7 @@ export function mountOwnerService(deps: MountOwnerDeps): mountOwner.MountOwnerSe
     publishVolume: serialized("publish", publish),
     unpublishVolume: serialized("unpublish", unpublish),
   };
+  return { service, watchWorker };
 }
 
 function checkMode(record: VolumeRecord, accessMode: gitcsi.AccessMode): void {

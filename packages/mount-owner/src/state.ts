@@ -17,6 +17,8 @@ export interface VolumeRecord {
   stagingPath?: string;
   /** Publish targets bind-mounted from the staging path. */
   targets: string[];
+  /** The class that arms the volume; none leaves it unarmed. */
+  volumeClass?: gitcsi.VolumeClass;
 }
 
 /** Writes a file so that a crash leaves either the old or the new content: temp, fsync, rename, fsync the directory. */

@@ -5,7 +5,6 @@ import assert from 'node:assert/strict';
 import { execFile, spawn } from 'node:child_process';
 import { createHash, randomBytes } from 'node:crypto';
 import * as fs from 'node:fs';
-import { constants as os } from 'node:os';
 import { join } from 'node:path';
 import { after, before, describe, test } from 'node:test';
 import { promisify } from 'node:util';
@@ -25,6 +24,7 @@ interface Volume {
 
 function tempVolume(): Volume {
   const dir = fs.mkdtempSync('/tmp/fuse-test-');
+  fs.chmodSync(dir, 0o755); // lets the non-root test reach the mountpoint
   const volume = { dir, backing: join(dir, 'backing'), mnt: join(dir, 'mnt') };
   fs.mkdirSync(volume.backing);
   fs.mkdirSync(volume.mnt);
@@ -40,10 +40,9 @@ async function sh(volume: Volume, script: string, env: Record<string, string> = 
   return stdout;
 }
 
-/** Like sh, as uid/gid nobody with no supplementary groups. */
-function shAsNobody(volume: Volume, script: string): Promise<string> {
-  const ids = `--reuid=${NOBODY} --regid=${NOBODY} --clear-groups`;
-  return sh(volume, `setpriv ${ids} sh -c '${script}'`);
+/** Wraps a script (without single quotes) to run as nobody, with no supplementary groups. */
+function asNobody(script: string): string {
+  return `setpriv --reuid=${NOBODY} --regid=${NOBODY} --clear-groups sh -c '${script}'`;
 }
 
 /** Runs a script expected to fail; resolves to its stderr. */
@@ -59,6 +58,12 @@ async function shFails(volume: Volume, script: string): Promise<string> {
 async function isMounted(mountpoint: string): Promise<boolean> {
   const mountinfo = await fs.promises.readFile('/proc/self/mountinfo', 'utf8');
   return mountinfo.split('\n').some((line) => line.split(' ')[4] === mountpoint);
+}
+
+/** Detaches anything still mounted (a failed test's) before deleting, which would otherwise walk into the mount. */
+async function removeVolume(volume: Volume): Promise<void> {
+  if (await isMounted(volume.mnt)) await execFileAsync('fusermount', ['-uz', volume.mnt]);
+  fs.rmSync(volume.dir, { recursive: true, force: true });
 }
 
 function backingStat(volume: Volume, name: string): fs.Stats {
@@ -101,7 +106,7 @@ describe('fuse passthrough', () => {
     mount = await fuseNative.mount({ mountpoint: volume.mnt, ops, fsname: 'git-csi:test-volume' });
   });
 
-  after(() => fs.rmSync(volume.dir, { recursive: true, force: true }));
+  after(() => removeVolume(volume));
 
   test('mounts with the fsname and big_writes options', async () => {
     assert.equal(mount.mountpoint, volume.mnt);
@@ -263,15 +268,14 @@ describe('fuse passthrough', () => {
     fs.chownSync(join(volume.backing, 'home'), NOBODY, NOBODY);
     fs.writeFileSync(join(volume.backing, 'root-only'), 'root\n', { mode: 0o644 });
 
-    await shAsNobody(volume, 'echo mine > "$M/home/f" && echo more >> "$M/home/f" && mkdir "$M/home/sub" && ln -s f "$M/home/l"');
+    await sh(volume, asNobody('echo mine > "$M/home/f" && echo more >> "$M/home/f" && mkdir "$M/home/sub" && ln -s f "$M/home/l"'));
     for (const name of ['home/f', 'home/sub', 'home/l']) {
       const stat = backingStat(volume, name);
       assert.deepEqual([stat.uid, stat.gid], [NOBODY, NOBODY], name);
     }
     assert.equal(backingText(volume, 'home/f'), 'mine\nmore\n');
 
-    const denied = await shFails(volume, `setpriv --reuid=${NOBODY} --regid=${NOBODY} --clear-groups sh -c 'echo x > "$M/root-only"'`);
-    assert.match(denied, /Permission denied/);
+    assert.match(await shFails(volume, asNobody('echo x > "$M/root-only"')), /Permission denied/);
     assert.equal(backingText(volume, 'root-only'), 'root\n');
   });
 
@@ -325,17 +329,17 @@ describe('passthrough paths', () => {
     fs.symlinkSync(outside, join(volume.backing, 'escape'));
   });
 
-  after(() => fs.rmSync(volume.dir, { recursive: true, force: true }));
+  after(() => removeVolume(volume));
 
   test('refuses paths that climb out or are not absolute', async () => {
-    const einval = { errno: os.errno.EINVAL };
+    const einval = { code: 'EINVAL' };
     await assert.rejects(ops.getattr('/../outside'), einval);
     await assert.rejects(ops.readdir('/a/../..'), einval);
     await assert.rejects(ops.getattr('outside'), einval);
   });
 
   test('never follows a symlink in the backing tree', async () => {
-    const eloop = { errno: os.errno.ELOOP };
+    const eloop = { code: 'ELOOP' };
     assert.equal((await ops.getattr('/escape')).mode & fs.constants.S_IFMT, fs.constants.S_IFLNK);
     await assert.rejects(ops.open('/escape', fs.constants.O_RDONLY), eloop);
     await assert.rejects(ops.chmod('/escape', 0o777), eloop);
@@ -346,9 +350,32 @@ describe('passthrough paths', () => {
   });
 });
 
+describe('mount options', () => {
+  const volume = tempVolume();
+  after(() => removeVolume(volume));
+
+  test('an fsname cannot smuggle in mount options', async () => {
+    const mount = await fuseNative.mount({
+      mountpoint: volume.mnt,
+      ops: createPassthrough(volume.backing),
+      fsname: 'git-csi:odd,ro\\name',
+    });
+    try {
+      const line = (await fs.promises.readFile('/proc/self/mountinfo', 'utf8'))
+        .split('\n')
+        .find((l) => l.split(' ')[4] === volume.mnt);
+      assert.match(line ?? '', / - fuse git-csi:odd,ro\\134name rw,/);
+      await sh(volume, 'echo writable > "$M/f"');
+      assert.equal(backingText(volume, 'f'), 'writable\n');
+    } finally {
+      await mount.unmount();
+    }
+  });
+});
+
 describe('a dead mount owner', () => {
   const volume = tempVolume();
-  after(() => fs.rmSync(volume.dir, { recursive: true, force: true }));
+  after(() => removeVolume(volume));
 
   test('leaves an ENOTCONN mount that the next mount replaces', async () => {
     await mountInChildAndKill(volume);

@@ -14,8 +14,9 @@ const NAME_MAX = 255;
 
 export interface PassthroughOptions {
   /**
-   * Runs before each operation with its name and mount path. Throwing refuses
-   * the operation with the thrown error's errno (a FuseError, else EIO).
+   * Runs before each operation (release excepted) with its name and mount
+   * path. Throwing refuses the operation with the error's errno (see errnoOf):
+   * a FuseError's, else EIO for an error that carries none.
    */
   beforeOperation?: (op: string, path: string) => void;
 }
@@ -83,12 +84,12 @@ export function createPassthrough(root: string, options: PassthroughOptions = {}
     },
 
     async read(path, fh, buffer, position) {
-      enter('read', path);
+      beforeOperation('read', path);
       return (await handle(fh).read(buffer, 0, buffer.length, position)).bytesRead;
     },
 
     async write(path, fh, buffer, position) {
-      enter('write', path);
+      beforeOperation('write', path);
       return (await handle(fh).write(buffer, 0, buffer.length, position)).bytesWritten;
     },
 
@@ -103,7 +104,7 @@ export function createPassthrough(root: string, options: PassthroughOptions = {}
     // nothing to push, and once told ENOSYS the kernel stops sending FLUSH.
 
     async fsync(path, fh, datasync) {
-      enter('fsync', path);
+      beforeOperation('fsync', path);
       await (datasync ? handle(fh).datasync() : handle(fh).sync());
     },
 
@@ -112,7 +113,7 @@ export function createPassthrough(root: string, options: PassthroughOptions = {}
     },
 
     async ftruncate(path, fh, size) {
-      enter('ftruncate', path);
+      beforeOperation('ftruncate', path);
       await handle(fh).truncate(size);
     },
 
@@ -165,7 +166,7 @@ export function createPassthrough(root: string, options: PassthroughOptions = {}
     },
 
     async statfs(path) {
-      enter('statfs', path);
+      beforeOperation('statfs', path);
       return fuseStatfs(await fsp.statfs(backing));
     },
   };

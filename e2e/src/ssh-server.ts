@@ -1,0 +1,272 @@
+// Test helper: a REAL git-over-SSH server (Debian's OpenSSH sshd) serving
+// bare repositories from a private temp dir on 127.0.0.1:<ephemeral port>.
+//
+//   const srv = await startSshGitServer();
+//   await srv.createRepo("demo.git", { files: { "a.txt": "A\n" } });
+//   const key = await srv.addDeployKey("ci");   // ed25519, no passphrase
+//   // write key.privateKey to a 0600 file, srv.hostKeyLine to a known_hosts file, then
+//   // GIT_SSH_COMMAND="ssh -i KEY -o IdentitiesOnly=yes -o UserKnownHostsFile=KH -o StrictHostKeyChecking=yes"
+//   //   git clone srv.url("demo.git")
+//   await srv.revokeDeployKey("ci");
+//   await srv.stop();
+//
+// sshd runs in the foreground (-D -e) as a child of the test process with its
+// own sshd_config, host key, PidFile and authorized_keys, all in the temp dir;
+// nothing in /etc/ssh is read and no system service is involved. Needs root
+// (sshd can only authenticate other users when it runs as root) and Linux.
+//
+// The git user is root, but no system user is created and root gets no shell:
+// every key in authorized_keys is `restrict,command="... git-shell -c
+// \"$SSH_ORIGINAL_COMMAND\""`, so only git-upload-pack / git-receive-pack /
+// git-upload-archive run (no pty, no forwarding of any kind). Repositories are
+// addressed by absolute path: ssh://root@127.0.0.1:<port>/tmp/.../repos/<repo>.
+
+import { spawn, type ChildProcess } from "node:child_process";
+import { chmodSync, renameSync, writeFileSync } from "node:fs";
+import { mkdtemp, mkdir, readFile, rm, stat, writeFile } from "node:fs/promises";
+import * as os from "node:os";
+import * as path from "node:path";
+
+import { bareRepoOps, freePort, killProcessTreeSync, stopProcessTree, type BareRepoOps } from "./git-server";
+
+const SSHD = "/usr/sbin/sshd";
+/** Debian's compiled-in privilege separation directory (systemd creates it via RuntimeDirectory=sshd). */
+const PRIVSEP_DIR = "/run/sshd";
+
+export interface DeployKey {
+  /** OpenSSH private key (PEM-like "-----BEGIN OPENSSH PRIVATE KEY-----" text, trailing newline). */
+  privateKey: string;
+  /** `ssh-ed25519 AAAA... <name>` (one line, no newline). */
+  publicKey: string;
+}
+
+export interface SshGitServer extends BareRepoOps {
+  readonly port: number;
+  /** PID of the sshd listener (its per-connection children are in other sessions). */
+  readonly pid: number;
+  /** known_hosts line for the server: `[127.0.0.1]:<port> ssh-ed25519 AAAA...` */
+  readonly hostKeyLine: string;
+  /** ssh://root@127.0.0.1:<port><absolute repo path> */
+  url(repo: string): string;
+  /** New ed25519 key (no passphrase) allowed to run git commands; `name` is [A-Za-z0-9._-]+ and unique. */
+  addDeployKey(name: string): Promise<DeployKey>;
+  /** Remove the key's authorized_keys line; new connections with it are refused. Throws for an unknown name. */
+  revokeDeployKey(name: string): Promise<void>;
+  /** Kill sshd and every process it started (open connections included), remove the temp dir. Idempotent. */
+  stop(): Promise<void>;
+}
+
+interface RunResult {
+  stdout: string;
+  stderr: string;
+  code: number | null;
+}
+
+/** Run a program (argv, no shell); reject on non-zero exit. */
+function run(cmd: string, args: readonly string[]): Promise<RunResult> {
+  return new Promise((resolve, reject) => {
+    const child = spawn(cmd, [...args], { stdio: ["ignore", "pipe", "pipe"], env: { ...process.env, LC_ALL: "C" } });
+    const out: Buffer[] = [];
+    const err: Buffer[] = [];
+    child.stdout.on("data", (b: Buffer) => out.push(b));
+    child.stderr.on("data", (b: Buffer) => err.push(b));
+    child.on("error", reject);
+    child.on("close", (code) => {
+      const r = { stdout: Buffer.concat(out).toString("utf8"), stderr: Buffer.concat(err).toString("utf8"), code };
+      if (code === 0) resolve(r);
+      else reject(new Error(`${cmd} ${args.join(" ")} failed (code ${String(code)}): ${r.stderr.trim()}`));
+    });
+  });
+}
+
+async function ensurePrivsepDir(): Promise<void> {
+  try {
+    await mkdir(PRIVSEP_DIR, { mode: 0o755 });
+  } catch (e) {
+    if ((e as NodeJS.ErrnoException).code !== "EEXIST") throw e;
+  }
+  const st = await stat(PRIVSEP_DIR);
+  if (!st.isDirectory()) throw new Error(`${PRIVSEP_DIR} is not a directory`);
+}
+
+const SAFE_PATH = /^\/[A-Za-z0-9._\/-]+$/;
+const KEY_NAME = /^[A-Za-z0-9._-]+$/;
+
+export async function startSshGitServer(): Promise<SshGitServer> {
+  if (process.getuid?.() !== 0) {
+    throw new Error("startSshGitServer needs root: sshd only authenticates other users (here: root) when it runs as root");
+  }
+  await ensurePrivsepDir();
+
+  const tmpRoot = await mkdtemp(path.join(os.tmpdir(), "git-csi-sshd-"));
+  // the path ends up in sshd_config and inside a quoted forced command
+  if (!SAFE_PATH.test(tmpRoot)) {
+    await rm(tmpRoot, { recursive: true, force: true });
+    throw new Error(`temp dir ${JSON.stringify(tmpRoot)} has characters unsafe for sshd_config`);
+  }
+  const baseDir = path.join(tmpRoot, "repos");
+  const workDir = path.join(tmpRoot, "work");
+  const keyDir = path.join(tmpRoot, "keys");
+  const shellHome = path.join(tmpRoot, "home"); // HOME for git-shell: no git-shell-commands/ => no interactive commands
+  const hostKey = path.join(tmpRoot, "ssh_host_ed25519_key");
+  const authorizedKeys = path.join(tmpRoot, "authorized_keys");
+  const configFile = path.join(tmpRoot, "sshd_config");
+
+  let sshd: ChildProcess | undefined;
+  let port = 0;
+  let exited = false;
+  let stderrTail = "";
+  const onExit = () => {
+    if (sshd?.pid !== undefined && !exited) killProcessTreeSync(sshd.pid);
+  };
+  process.once("exit", onExit);
+
+  let hostKeyLine: string;
+  try {
+    await mkdir(baseDir);
+    await mkdir(workDir);
+    await mkdir(keyDir, { mode: 0o700 });
+    await mkdir(shellHome);
+    await run("ssh-keygen", ["-q", "-t", "ed25519", "-N", "", "-C", "git-csi-e2e-host", "-f", hostKey]);
+    await writeFile(authorizedKeys, "", { mode: 0o600 });
+    const [keyType, keyB64] = (await readFile(`${hostKey}.pub`, "utf8")).trim().split(/\s+/);
+
+    for (let attempt = 1; ; attempt++) {
+      port = await freePort();
+      await writeFile(
+        configFile,
+        [
+          "# git-csi e2e: private sshd, see e2e/src/ssh-server.ts",
+          `ListenAddress 127.0.0.1`,
+          `Port ${port}`,
+          `AddressFamily inet`,
+          `HostKey ${hostKey}`,
+          `PidFile ${path.join(tmpRoot, "sshd.pid")}`,
+          `AuthorizedKeysFile ${authorizedKeys}`,
+          `StrictModes no`,
+          `UsePAM no`,
+          `PermitRootLogin prohibit-password`,
+          `AllowUsers root`,
+          `PubkeyAuthentication yes`,
+          `PasswordAuthentication no`,
+          `KbdInteractiveAuthentication no`,
+          `PermitEmptyPasswords no`,
+          `HostbasedAuthentication no`,
+          `GSSAPIAuthentication no`,
+          `AllowTcpForwarding no`,
+          `AllowStreamLocalForwarding no`,
+          `AllowAgentForwarding no`,
+          `X11Forwarding no`,
+          `PermitTunnel no`,
+          `PermitTTY no`,
+          `PermitUserRC no`,
+          `PermitUserEnvironment no`,
+          `AcceptEnv GIT_PROTOCOL`,
+          `PrintMotd no`,
+          `PrintLastLog no`,
+          `UseDNS no`,
+          `LoginGraceTime 30`,
+          `MaxStartups 100:30:200`,
+          `LogLevel INFO`,
+          "",
+        ].join("\n"),
+      );
+
+      exited = false;
+      stderrTail = "";
+      const child = spawn(SSHD, ["-D", "-e", "-f", configFile], { stdio: ["ignore", "ignore", "pipe"] });
+      sshd = child;
+      const listening = `Server listening on 127.0.0.1 port ${port}.`;
+      let ready = false;
+      let wake: () => void = () => {};
+      child.stderr?.on("data", (b: Buffer) => {
+        stderrTail = (stderrTail + b.toString("utf8")).slice(-8192);
+        if (!ready && stderrTail.includes(listening)) {
+          ready = true;
+          wake();
+        }
+      });
+      child.on("exit", () => {
+        if (sshd === child) exited = true;
+        wake();
+      });
+      child.on("error", (e) => {
+        if (sshd === child) exited = true;
+        stderrTail += `\nspawn error: ${e.message}`;
+        wake();
+      });
+      await new Promise<void>((r) => {
+        const t = setTimeout(r, 10_000);
+        wake = () => {
+          clearTimeout(t);
+          r();
+        };
+        if (ready || exited) wake();
+      });
+      if (ready && !exited) break;
+      await stopProcessTree(child, 500);
+      sshd = undefined;
+      const bindRace = /Address already in use|Cannot bind/i.test(stderrTail);
+      if (!bindRace || attempt >= 5) {
+        throw new Error(`sshd did not start on 127.0.0.1:${port}: ${stderrTail.trim()}`);
+      }
+    }
+    hostKeyLine = `[127.0.0.1]:${port} ${keyType} ${keyB64}`;
+  } catch (e) {
+    process.removeListener("exit", onExit);
+    await rm(tmpRoot, { recursive: true, force: true });
+    throw e;
+  }
+
+  const ops = bareRepoOps(baseDir, workDir);
+  const keys = new Map<string, string>(); // name -> authorized_keys line
+  const forcedCommand =
+    `HOME=${shellHome} GIT_CONFIG_NOSYSTEM=1 GIT_CONFIG_GLOBAL=/dev/null ` + `exec git-shell -c \\"$SSH_ORIGINAL_COMMAND\\"`;
+
+  // sshd re-reads the file on every authentication; replace it atomically
+  const writeAuthorizedKeys = () => {
+    const tmp = `${authorizedKeys}.tmp`;
+    writeFileSync(tmp, [...keys.values()].map((l) => `${l}\n`).join(""), { mode: 0o600 });
+    chmodSync(tmp, 0o600);
+    renameSync(tmp, authorizedKeys);
+  };
+
+  const sshdPid = sshd!.pid as number;
+  let stopped = false;
+  const server: SshGitServer = {
+    ...ops,
+    port,
+    pid: sshdPid,
+    hostKeyLine,
+    url(repo) {
+      return `ssh://root@127.0.0.1:${port}${ops.repoPath(repo)}`;
+    },
+    async addDeployKey(name) {
+      if (!KEY_NAME.test(name)) throw new Error(`invalid deploy key name ${JSON.stringify(name)}`);
+      if (keys.has(name)) throw new Error(`deploy key ${JSON.stringify(name)} already exists`);
+      const file = path.join(keyDir, name);
+      await rm(file, { force: true });
+      await rm(`${file}.pub`, { force: true });
+      await run("ssh-keygen", ["-q", "-t", "ed25519", "-N", "", "-C", name, "-f", file]);
+      const privateKey = await readFile(file, "utf8");
+      const publicKey = (await readFile(`${file}.pub`, "utf8")).trim();
+      if (keys.has(name)) throw new Error(`deploy key ${JSON.stringify(name)} already exists`);
+      keys.set(name, `restrict,command="${forcedCommand}" ${publicKey}`);
+      writeAuthorizedKeys();
+      return { privateKey, publicKey };
+    },
+    async revokeDeployKey(name) {
+      if (!keys.delete(name)) throw new Error(`no deploy key ${JSON.stringify(name)}`);
+      writeAuthorizedKeys();
+    },
+    async stop() {
+      if (stopped) return;
+      stopped = true;
+      const d = sshd;
+      if (d && !exited) await stopProcessTree(d);
+      process.removeListener("exit", onExit);
+      await rm(tmpRoot, { recursive: true, force: true });
+    },
+  };
+  return server;
+}

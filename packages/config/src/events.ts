@@ -1,0 +1,29 @@
+/** The event reasons of spec 004, "What the driver reports", posted on the pod and the claim. */
+export const Reason = {
+  Armed: "GitVolumeArmed",
+  Unarmed: "GitVolumeUnarmed",
+  Pending: "GitVolumePending",
+  Pushed: "GitVolumePushed",
+  PushFailed: "GitVolumePushFailed",
+  FileSkipped: "GitVolumeFileSkipped",
+  Rebased: "GitVolumeRebased",
+  Diverged: "GitVolumeDiverged",
+  Healed: "GitVolumeHealed",
+  NoPublishSecret: "GitVolumeNoPublishSecret",
+  UpstreamMoved: "GitVolumeUpstreamMoved",
+  RefDeleted: "GitVolumeRefDeleted",
+  Refused: "GitVolumeRefused",
+} as const;
+
+export type ReasonName = (typeof Reason)[keyof typeof Reason];
+
+/** Kubernetes' two event types: Warning where the operator has something to look at. */
+export type EventType = "Normal" | "Warning";
+
+/** The driver's own refs on the remote and in the node's store all live under refs/git-csi/. */
+export const METADATA_REF = "refs/git-csi/metadata";
+
+/** The side branch of spec 004: `<ref>.<volumeHandle>`. */
+export function sideBranchOf(branch: string, volumeId: string): string {
+  return `${branch}.${volumeId}`;
+}

@@ -1,0 +1,524 @@
+import * as fs from "node:fs/promises";
+import * as path from "node:path";
+import watcher from "@parcel/watcher";
+import { type ClassPolicy, type EventType, formatDuration, parseClassParameters, Reason, type ReasonName, sideBranchOf } from "@git-csi/config";
+import type { Logger } from "@git-csi/logging";
+import type { ClaimLabels, DriverMetrics } from "@git-csi/metrics";
+import type { gitcsi, gitWorker } from "@git-csi/protos";
+import { deleteBranch, fetchBranch, pushCommit, RemoteError } from "./remote";
+import { type Store, upstreamRef } from "./store";
+import { countCommits, isAncestor, moveTree, revParse, stagedPaths, stagePaths, statusOf } from "./tree";
+import { volumeBranch } from "./stage";
+
+/** Paths the driver never commits: libfuse's names for open, unlinked files. */
+const ALWAYS_IGNORED = [".fuse_hidden*"];
+const REBASE_ATTEMPTS = 3;
+const RECENT_EVENTS = 50;
+const RETRY_MIN_MS = 5_000;
+
+export interface SyncContext {
+  store: Store;
+  volumeId: string;
+  source: gitcsi.VolumeSource;
+  branch: string;
+  claim: gitcsi.Claim;
+  logger: Logger;
+  metrics: DriverMetrics;
+}
+
+/**
+ * One staged volume's write path, spec 004 "What happens after a write" and
+ * "When upstream moves": it watches the backing tree, commits changed paths
+ * once the tree is quiet for push.quiesce, pushes, rebases when the ref moved,
+ * and moves to the side branch when it cannot. Every step runs on one chain,
+ * so two never interleave on the same tree.
+ */
+export class VolumeSync {
+  private policy?: ClassPolicy;
+  private className = "";
+  /** Paths the watcher reported that git has not been asked about yet. */
+  private readonly changed = new Set<string>();
+  /** Changed paths, not ignored, not committed. */
+  private readonly pending = new Set<string>();
+  private readonly skipped = new Map<string, number>();
+  private fullScan = false;
+  private subscription?: watcher.AsyncSubscription;
+  private quiesceTimer?: NodeJS.Timeout;
+  private latencyTimer?: NodeJS.Timeout;
+  private retryTimer?: NodeJS.Timeout;
+  /** When the oldest change the remote lacks was seen. */
+  private oldestUnpushedAt?: number;
+  private unpushed = 0;
+  private lastPushAt = 0;
+  private pushFailures = 0;
+  private lastPushError = "";
+  private onSideBranch = false;
+  private refDeleted = false;
+  private upstreamMovedOverWrites = false;
+  private readonly events: gitWorker.VolumeEvent[] = [];
+  private chain: Promise<unknown> = Promise.resolve();
+  private stopped = false;
+
+  constructor(private readonly ctx: SyncContext) {}
+
+  private get labels(): ClaimLabels {
+    return { namespace: this.ctx.claim.namespace, claim: this.ctx.claim.name || this.ctx.volumeId };
+  }
+
+  private get tree() {
+    return this.ctx.store.tree(this.ctx.source.url, this.ctx.volumeId, this.authorEnv());
+  }
+
+  private get repo() {
+    return this.ctx.store.repo(this.ctx.source.url);
+  }
+
+  private get sideBranch(): string {
+    return sideBranchOf(this.ctx.branch, this.ctx.volumeId);
+  }
+
+  private get pushBranch(): string {
+    return this.onSideBranch ? this.sideBranch : this.ctx.branch;
+  }
+
+  private authorEnv(): Record<string, string> {
+    if (!this.policy) return {};
+    const { name, email } = this.policy.author;
+    return { GIT_AUTHOR_NAME: name, GIT_AUTHOR_EMAIL: email, GIT_COMMITTER_NAME: name, GIT_COMMITTER_EMAIL: email };
+  }
+
+  /** Runs one step after every step before it. */
+  private enqueue<T>(step: () => Promise<T>): Promise<T> {
+    const result = this.chain.then(step, step);
+    this.chain = result.catch(() => undefined);
+    return result;
+  }
+
+  // ---- start and stop -------------------------------------------------
+
+  /**
+   * Starts watching. Writes made while nothing watched (the driver was down)
+   * come from the watcher's snapshot, or from one full `git status` where
+   * there is none; and the quiesce starts now, so they are committed when it
+   * passes.
+   */
+  async start(classToApply: gitcsi.VolumeClass | undefined, fetched: boolean): Promise<void> {
+    this.applyClass(classToApply);
+    await this.writeExcludes();
+    await this.enqueue(() => this.reconcileAtStage(fetched));
+    const treeDir = this.ctx.store.treeDir(this.ctx.volumeId);
+    const snapshot = this.snapshotFile();
+    const saved = await fs.readFile(this.pendingFile(), "utf8").then((t) => JSON.parse(t) as string[], () => undefined);
+    if (saved && (await fs.stat(snapshot).then(() => true, () => false))) {
+      for (const p of saved) this.changed.add(p);
+      for (const event of await watcher.getEventsSince(treeDir, snapshot)) this.changed.add(path.relative(treeDir, event.path));
+    } else {
+      this.fullScan = true;
+    }
+    // A snapshot serves one start: a crash after this must not reuse it.
+    await Promise.all([fs.rm(snapshot, { force: true }), fs.rm(this.pendingFile(), { force: true })]);
+    this.subscription = await watcher.subscribe(treeDir, (err, events) => {
+      if (err) {
+        this.ctx.logger.warn("the watcher lost events; the next commit scans the whole tree", { volume: this.ctx.volumeId, operation: "watch", error: err.message });
+        this.fullScan = true;
+      }
+      for (const event of events) this.changed.add(path.relative(treeDir, event.path));
+      this.onWrite();
+    });
+    await this.enqueue(() => this.refreshPending());
+    await this.enqueue(() => this.refreshUnpushed());
+    this.startQuiesce();
+    this.ensureLatencyTimer();
+    this.publishMetrics();
+  }
+
+  /** Stops watching and keeps what the watcher knew, for the next start on this node. */
+  async stop(): Promise<void> {
+    this.stopped = true;
+    for (const timer of [this.quiesceTimer, this.latencyTimer, this.retryTimer]) clearTimeout(timer);
+    await this.subscription?.unsubscribe();
+    await this.chain;
+    const treeDir = this.ctx.store.treeDir(this.ctx.volumeId);
+    await fs.mkdir(this.ctx.store.volumeDir(this.ctx.volumeId), { recursive: true });
+    await watcher.writeSnapshot(treeDir, this.snapshotFile());
+    await fs.writeFile(this.pendingFile(), JSON.stringify([...this.changed, ...this.pending]));
+    this.ctx.metrics.forget(this.labels);
+  }
+
+  private snapshotFile(): string {
+    return path.join(this.ctx.store.volumeDir(this.ctx.volumeId), "watch.snapshot");
+  }
+
+  private pendingFile(): string {
+    return path.join(this.ctx.store.volumeDir(this.ctx.volumeId), "pending.json");
+  }
+
+  /**
+   * Spec 004, "When upstream moves", at stage: behind takes upstream, ahead
+   * changes nothing, diverged rebases (or moves to the side branch), and a
+   * tree with uncommitted writes is left as it is whatever upstream did. A
+   * side branch on the remote means the volume still pushes there, unless a
+   * person merged it.
+   */
+  private async reconcileAtStage(fetched: boolean): Promise<void> {
+    this.onSideBranch = (await fetchBranch(this.repo, this.sideBranch)) === "fetched";
+    if (!fetched) {
+      this.refDeleted = true;
+      this.onSideBranch = true;
+      this.emit(Reason.RefDeleted, "Warning", `${this.ctx.branch} was deleted upstream; the volume's commits go to ${this.sideBranch} so nothing is lost`);
+      return;
+    }
+    if (this.onSideBranch) {
+      await this.tryToHeal();
+      if (this.onSideBranch) this.emit(Reason.Diverged, "Warning", `the volume pushes to ${this.sideBranch} until it is merged into ${this.ctx.branch} on the forge`);
+      return;
+    }
+    const head = await revParse(this.tree, "HEAD");
+    const upstream = await revParse(this.repo, upstreamRef(this.ctx.branch));
+    if (head === upstream || (await isAncestor(this.repo, upstream, head))) return;
+    if ((await statusOf(this.tree)).length > 0) {
+      this.noteUpstreamMoved();
+      return;
+    }
+    const branchRef = `refs/heads/${volumeBranch(this.ctx.volumeId)}`;
+    if (await isAncestor(this.repo, head, upstream)) {
+      await moveTree(this.tree, branchRef, head, upstream);
+      this.ctx.logger.info("the tree took upstream", { volume: this.ctx.volumeId, operation: "stage", from: head, to: upstream });
+      return;
+    }
+    const rebased = await this.rebaseInScratch(head, upstream);
+    if (rebased === undefined || !(await moveTree(this.tree, branchRef, head, rebased))) {
+      await this.moveToSideBranch(`the tree and ${this.ctx.branch} diverged and rebasing at stage conflicted`);
+      return;
+    }
+    this.emit(Reason.Rebased, "Normal", `${this.ctx.branch} moved upstream while the volume was away; its commits were rebased onto it at stage`);
+  }
+
+  // ---- the class ------------------------------------------------------
+
+  /** Arms with a class or unarms without one. A bad parameter throws before anything changes. */
+  async setClass(volumeClass: gitcsi.VolumeClass | undefined): Promise<void> {
+    const wasArmed = this.policy !== undefined;
+    this.applyClass(volumeClass);
+    await this.writeExcludes();
+    await this.enqueue(async () => {
+      this.fullScan = true;
+      await this.refreshPending();
+    });
+    if (this.policy) {
+      if (!wasArmed || this.pending.size > 0) this.startQuiesce();
+      this.ensureLatencyTimer();
+    } else {
+      for (const timer of [this.quiesceTimer, this.latencyTimer, this.retryTimer]) clearTimeout(timer);
+    }
+    this.publishMetrics();
+  }
+
+  private applyClass(volumeClass: gitcsi.VolumeClass | undefined): void {
+    const policy = volumeClass ? parseClassParameters(volumeClass.parameters) : undefined;
+    const wasArmed = this.policy !== undefined;
+    this.policy = policy;
+    this.className = volumeClass?.name ?? "";
+    if (policy) {
+      const name = this.className ? `class ${this.className}` : "its class";
+      this.emit(Reason.Armed, "Normal", `armed by ${name}: commits after ${formatDuration(policy.quiesceMs)} of quiet, pushes within ${formatDuration(policy.maxLatencyMs)}, as ${policy.author.name} <${policy.author.email}>`);
+    } else if (wasArmed) {
+      this.emit(Reason.Unarmed, "Normal", "unarmed: the claim names no class; the driver reports what it would commit and commits nothing");
+    }
+  }
+
+  private async writeExcludes(): Promise<void> {
+    const file = this.ctx.store.excludesFile(this.ctx.volumeId);
+    await fs.mkdir(path.dirname(file), { recursive: true });
+    await fs.writeFile(file, [...ALWAYS_IGNORED, ...(this.policy?.ignore ?? [])].map((p) => `${p}\n`).join(""));
+  }
+
+  // ---- writes, quiesce and latency ------------------------------------
+
+  private onWrite(): void {
+    if (this.stopped) return;
+    void this.enqueue(() => this.refreshPending()).catch((err: unknown) => this.fail("status", err));
+    if (this.policy) {
+      this.startQuiesce();
+      this.ensureLatencyTimer();
+    }
+  }
+
+  private startQuiesce(): void {
+    clearTimeout(this.quiesceTimer);
+    if (!this.policy || this.stopped) return;
+    this.quiesceTimer = setTimeout(() => void this.sync("quiesce").catch((err: unknown) => this.fail("sync", err)), this.policy.quiesceMs);
+  }
+
+  private ensureLatencyTimer(): void {
+    if (!this.policy || this.stopped || this.latencyTimer) return;
+    if (this.pending.size === 0 && this.changed.size === 0 && this.unpushed === 0) return;
+    this.oldestUnpushedAt ??= Date.now();
+    const due = this.oldestUnpushedAt + this.policy.maxLatencyMs - Date.now();
+    this.latencyTimer = setTimeout(() => {
+      this.latencyTimer = undefined;
+      void this.sync("maxLatency").catch((err: unknown) => this.fail("sync", err));
+    }, Math.max(0, due));
+  }
+
+  /** Asks git which of the watcher's paths changed and are not ignored. */
+  private async refreshPending(): Promise<void> {
+    const scanAll = this.fullScan;
+    const asked = scanAll ? undefined : [...this.changed];
+    this.fullScan = false;
+    this.changed.clear();
+    if (asked?.length === 0) return;
+    const statuses = await statusOf(this.tree, asked);
+    if (scanAll) this.pending.clear();
+    for (const p of asked ?? []) this.pending.delete(p);
+    const before = this.pending.size;
+    for (const s of statuses) this.pending.add(s.path);
+    if (this.policy && before === 0 && this.pending.size > 0) {
+      this.emit(Reason.Pending, "Normal", `${this.pending.size} changed path(s) wait for ${formatDuration(this.policy.quiesceMs)} of quiet before the commit`);
+    }
+    this.publishMetrics();
+  }
+
+  // ---- commit and push ------------------------------------------------
+
+  /** The pod stopped: commit and push now, whatever the timers say. */
+  flush(): Promise<{ pushed: boolean; message: string }> {
+    return this.sync("the pod stopped");
+  }
+
+  private sync(trigger: string): Promise<{ pushed: boolean; message: string }> {
+    clearTimeout(this.quiesceTimer);
+    return this.enqueue(async () => {
+      await this.refreshPending();
+      if (!this.policy) return { pushed: this.unpushed === 0, message: "unarmed: nothing is committed or pushed" };
+      await this.commit(trigger);
+      return this.push();
+    });
+  }
+
+  private async commit(trigger: string): Promise<void> {
+    const policy = this.policy!;
+    const asked = [...this.pending];
+    if (asked.length === 0) return;
+    const treeDir = this.ctx.store.treeDir(this.ctx.volumeId);
+    const toStage: string[] = [];
+    const tooLarge = new Map<string, number>();
+    for (const s of await statusOf(this.tree, asked)) {
+      const stat = s.deleted ? undefined : await fs.lstat(path.join(treeDir, s.path)).catch(() => undefined);
+      if (stat?.isFile() && stat.size > policy.maxFileSizeBytes) tooLarge.set(s.path, stat.size);
+      else toStage.push(s.path);
+    }
+    this.noteSkipped(asked, tooLarge);
+    for (const p of asked) this.pending.delete(p);
+    if (toStage.length > 0) {
+      await stagePaths(this.tree, path.join(this.ctx.store.volumeDir(this.ctx.volumeId), "pathspec"), toStage);
+      const staged = await stagedPaths(this.tree);
+      if (staged.length > 0) {
+        const subject = `${this.ctx.claim.name ? `${this.ctx.claim.namespace}/${this.ctx.claim.name}` : this.ctx.volumeId}: ${staged.length} path(s) after ${trigger}`;
+        const body = staged.slice(0, 50).join("\n") + (staged.length > 50 ? `\n… and ${staged.length - 50} more` : "");
+        await this.tree.raw(["commit", "--quiet", "--no-verify", "-m", subject, "-m", body]);
+        this.oldestUnpushedAt ??= Date.now();
+        this.ctx.logger.info("committed", { volume: this.ctx.volumeId, operation: "commit", paths: staged.length, trigger });
+      }
+    }
+    await this.refreshUnpushed();
+  }
+
+  private noteSkipped(asked: string[], tooLarge: Map<string, number>): void {
+    for (const p of asked) if (!tooLarge.has(p)) this.skipped.delete(p);
+    for (const [p, size] of tooLarge) {
+      if (!this.skipped.has(p)) {
+        this.emit(Reason.FileSkipped, "Warning", `${p} is ${size} bytes, over commit.maxFileSize ${this.policy!.maxFileSizeBytes}: it is not committed; add it to the class's ignore or raise commit.maxFileSize`);
+      }
+      this.skipped.set(p, size);
+    }
+  }
+
+  private async refreshUnpushed(): Promise<void> {
+    const head = await revParse(this.tree, "HEAD");
+    const pushed = await revParse(this.repo, upstreamRef(this.pushBranch));
+    this.unpushed = head === "" ? 0 : await countCommits(this.repo, pushed, head);
+    if (this.unpushed === 0 && this.pending.size === 0) this.oldestUnpushedAt = undefined;
+    this.publishMetrics();
+  }
+
+  private async push(): Promise<{ pushed: boolean; message: string }> {
+    clearTimeout(this.latencyTimer);
+    this.latencyTimer = undefined;
+    if (this.onSideBranch) await this.tryToHeal();
+    if (this.unpushed === 0 && !this.refDeleted) return { pushed: true, message: "nothing to push" };
+    for (let attempt = 0; ; attempt++) {
+      const head = await revParse(this.tree, "HEAD");
+      const result = await pushCommit(this.repo, head, this.pushBranch);
+      if (result.outcome === "pushed") return this.pushed();
+      if (result.outcome === "failed") return this.pushFailed(result.message);
+      if (this.onSideBranch) return this.pushFailed(`the side branch ${this.sideBranch} moved on the remote: ${result.message}`);
+      if (attempt === REBASE_ATTEMPTS) {
+        await this.moveToSideBranch(`the push was still rejected after ${REBASE_ATTEMPTS} rebases`);
+        continue;
+      }
+      const outcome = await this.rebaseOntoUpstream();
+      if (outcome !== "rebased") {
+        await this.moveToSideBranch(outcome);
+        continue;
+      }
+    }
+  }
+
+  private pushed(): { pushed: boolean; message: string } {
+    this.lastPushAt = Date.now();
+    this.lastPushError = "";
+    this.unpushed = 0;
+    this.oldestUnpushedAt = this.pending.size > 0 ? Date.now() : undefined;
+    this.emit(Reason.Pushed, "Normal", `pushed to ${this.pushBranch}`);
+    this.ensureLatencyTimer();
+    this.publishMetrics();
+    return { pushed: true, message: `pushed to ${this.pushBranch}` };
+  }
+
+  private pushFailed(message: string): { pushed: boolean; message: string } {
+    this.pushFailures++;
+    this.lastPushError = message;
+    this.ctx.metrics.pushFailures.inc(this.labels);
+    this.emit(Reason.PushFailed, "Warning", `push to ${this.pushBranch} failed; the commits stay in the node's work tree and the driver retries: ${message}`);
+    clearTimeout(this.retryTimer);
+    const delay = Math.min(this.policy?.maxLatencyMs ?? RETRY_MIN_MS, RETRY_MIN_MS * 2 ** Math.min(this.pushFailures - 1, 6));
+    this.retryTimer = setTimeout(() => void this.sync("a failed push").catch((err: unknown) => this.fail("sync", err)), delay);
+    this.publishMetrics();
+    return { pushed: false, message };
+  }
+
+  // ---- upstream moves -------------------------------------------------
+
+  /**
+   * Fetches the ref and rebases the tree's commits onto it in the scratch
+   * worktree, beside the pod's tree; then moves the pod's tree to the result
+   * in one step. Returns why it could not, for the side branch's message.
+   */
+  private async rebaseOntoUpstream(): Promise<"rebased" | string> {
+    if ((await fetchBranch(this.repo, this.ctx.branch)) === "missing") {
+      this.refDeleted = true;
+      this.emit(Reason.RefDeleted, "Warning", `${this.ctx.branch} was deleted upstream; the volume's commits go to ${this.sideBranch} so nothing is lost`);
+      return `${this.ctx.branch} was deleted upstream`;
+    }
+    const upstream = await revParse(this.repo, upstreamRef(this.ctx.branch));
+    const head = await revParse(this.tree, "HEAD");
+    const rebased = await this.rebaseInScratch(head, upstream);
+    if (rebased === undefined) return `rebasing onto ${this.ctx.branch} conflicted and was aborted`;
+    if (!(await moveTree(this.tree, `refs/heads/${volumeBranch(this.ctx.volumeId)}`, head, rebased))) {
+      return `a file the application changed since the last commit was also changed upstream`;
+    }
+    this.emit(Reason.Rebased, "Normal", `${this.ctx.branch} moved upstream; the volume's commits were rebased onto it and the pod's tree took upstream's files`);
+    await this.refreshUnpushed();
+    return "rebased";
+  }
+
+  /** The rebased commit, or undefined when the rebase conflicted (and was aborted). */
+  private async rebaseInScratch(head: string, onto: string): Promise<string | undefined> {
+    const scratch = this.ctx.store.scratchDir(this.ctx.volumeId);
+    if (!(await fs.stat(scratch).then(() => true, () => false))) {
+      await fs.mkdir(path.dirname(scratch), { recursive: true });
+      await this.repo.raw(["worktree", "add", "--quiet", "--detach", "--force", scratch, head]);
+    }
+    const git = this.ctx.store.scratch(this.ctx.volumeId, this.authorEnv());
+    await git.raw(["rebase", "--abort"]).catch(() => undefined);
+    await git.raw(["checkout", "--quiet", "--force", "--detach", head]);
+    try {
+      await git.raw(["rebase", "--quiet", onto]);
+    } catch {
+      await git.raw(["rebase", "--abort"]).catch(() => undefined);
+      return undefined;
+    }
+    return revParse(git, "HEAD");
+  }
+
+  private async moveToSideBranch(why: string): Promise<void> {
+    this.onSideBranch = true;
+    this.emit(
+      Reason.Diverged,
+      "Warning",
+      `${why}: the volume now pushes to ${this.sideBranch} instead of ${this.ctx.branch}; merge ${this.sideBranch} into ${this.ctx.branch} on the forge and the volume returns to ${this.ctx.branch} at its next push. Commits continue.`,
+    );
+    await this.refreshUnpushed();
+  }
+
+  /** On the side branch: once a person merged it into the ref, the volume returns to the ref. */
+  private async tryToHeal(): Promise<void> {
+    const sidePushed = await revParse(this.repo, upstreamRef(this.sideBranch));
+    if ((await fetchBranch(this.repo, this.ctx.branch)) === "missing") return;
+    this.refDeleted = false;
+    const upstream = await revParse(this.repo, upstreamRef(this.ctx.branch));
+    if (sidePushed === "" || !(await isAncestor(this.repo, sidePushed, upstream))) return;
+    const head = await revParse(this.tree, "HEAD");
+    const rebased = await this.rebaseInScratch(head, upstream);
+    if (rebased === undefined || !(await moveTree(this.tree, `refs/heads/${volumeBranch(this.ctx.volumeId)}`, head, rebased))) return;
+    this.onSideBranch = false;
+    await deleteBranch(this.repo, this.sideBranch);
+    this.emit(Reason.Healed, "Normal", `${this.sideBranch} was merged into ${this.ctx.branch}: the volume is back on ${this.ctx.branch} and the side branch is deleted`);
+    await this.refreshUnpushed();
+  }
+
+  // ---- report, events, metrics ----------------------------------------
+
+  private emit(reason: ReasonName, type: EventType, message: string): void {
+    this.events.push({ reason, type, message, timeUnixMs: Date.now() });
+    if (this.events.length > RECENT_EVENTS) this.events.shift();
+    this.ctx.logger.log(type === "Warning" ? "warn" : "info", message, { volume: this.ctx.volumeId, claim: this.labels.claim, operation: "event", reason });
+  }
+
+  private fail(operation: string, err: unknown): void {
+    const message = err instanceof RemoteError || err instanceof Error ? err.message : String(err);
+    this.ctx.logger.error(`${operation} failed: ${message}`, { volume: this.ctx.volumeId, operation });
+  }
+
+  abnormal(): string[] {
+    const reasons: string[] = [];
+    if (this.onSideBranch) reasons.push(`diverged: pushes go to ${this.sideBranch} until it is merged into ${this.ctx.branch}`);
+    if (this.refDeleted) reasons.push(`${this.ctx.branch} was deleted upstream`);
+    if (this.lastPushError) reasons.push(`the last push failed: ${this.lastPushError}`);
+    if (this.upstreamMovedOverWrites) reasons.push(`${this.ctx.branch} moved upstream while the tree held uncommitted writes; the tree was left as it is`);
+    if (this.skipped.size > 0) reasons.push(`${this.skipped.size} file(s) over commit.maxFileSize are not committed`);
+    return reasons;
+  }
+
+  /** Set at stage when upstream moved and the tree holds writes no commit has. */
+  noteUpstreamMoved(): void {
+    this.upstreamMovedOverWrites = true;
+    this.emit(Reason.UpstreamMoved, "Warning", `${this.ctx.branch} moved upstream while the tree holds writes no commit has yet: the tree is left as it is; the next push rebases onto upstream`);
+  }
+
+  report(): gitWorker.VolumeReport {
+    const waitingFor: string[] = [];
+    if (this.policy && this.pending.size > 0) waitingFor.push(`${formatDuration(this.policy.quiesceMs)} of quiet before committing ${this.pending.size} path(s)`);
+    if (this.unpushed > 0) waitingFor.push(`a push of ${this.unpushed} commit(s) to ${this.pushBranch}`);
+    return {
+      volumeId: this.ctx.volumeId,
+      claim: this.ctx.claim,
+      armed: this.policy !== undefined,
+      className: this.className,
+      pendingPaths: [...this.pending].sort(),
+      unpushedCommits: this.unpushed,
+      lastPushUnixMs: this.lastPushAt,
+      pushFailures: this.pushFailures,
+      skippedPaths: [...this.skipped.keys()].sort(),
+      sideBranch: this.onSideBranch ? this.sideBranch : "",
+      pushBranch: this.pushBranch,
+      waitingFor,
+      abnormal: this.abnormal(),
+      recentEvents: [...this.events],
+    };
+  }
+
+  private publishMetrics(): void {
+    const m = this.ctx.metrics;
+    const l = this.labels;
+    m.armed.set(l, this.policy ? 1 : 0);
+    m.pendingPaths.set(l, this.pending.size);
+    m.unpushedCommits.set(l, this.unpushed);
+    m.skippedFiles.set(l, this.skipped.size);
+    m.diverged.set(l, this.onSideBranch ? 1 : 0);
+    m.abnormal.set(l, this.abnormal().length > 0 ? 1 : 0);
+    if (this.lastPushAt > 0) m.lastPush.set(l, this.lastPushAt / 1000);
+    m.pushFailures.inc(l, 0);
+  }
+}

@@ -1,0 +1,80 @@
+import * as fs from "node:fs/promises";
+import * as path from "node:path";
+import type { SimpleGit } from "simple-git";
+
+/** The commit a ref names, or "" when it names none. */
+export async function revParse(git: SimpleGit, ref: string): Promise<string> {
+  return (await git.raw(["rev-parse", "--verify", "--quiet", `${ref}^{commit}`]).catch(() => "")).trim();
+}
+
+export async function isAncestor(git: SimpleGit, ancestor: string, descendant: string): Promise<boolean> {
+  if (ancestor === descendant) return true;
+  const base = (await git.raw(["merge-base", ancestor, descendant]).catch(() => "")).trim();
+  return base === ancestor;
+}
+
+export async function countCommits(git: SimpleGit, from: string, to: string): Promise<number> {
+  const range = from === "" ? [to] : [`${from}..${to}`];
+  return Number((await git.raw(["rev-list", "--count", ...range]).catch(() => "0")).trim() || "0");
+}
+
+/** One changed path as `git status --porcelain -z` reports it. */
+export interface PathStatus {
+  path: string;
+  deleted: boolean;
+}
+
+/**
+ * The status of exactly these paths (or of the whole tree when paths is
+ * undefined): changed, not ignored, files listed one by one. Asking git about
+ * the watcher's paths only keeps the cost with the change, not the tree.
+ */
+export async function statusOf(git: SimpleGit, paths?: string[]): Promise<PathStatus[]> {
+  const out: PathStatus[] = [];
+  for (const batch of paths === undefined ? [undefined] : chunks(paths, 500)) {
+    const text = await git.raw(["status", "--porcelain=v1", "-z", "--untracked-files=all", "--no-renames", ...(batch ? ["--", ...batch] : [])]);
+    for (const entry of text.split("\0")) {
+      if (entry.length < 4) continue;
+      out.push({ path: entry.slice(3), deleted: entry[0] === "D" || entry[1] === "D" });
+    }
+  }
+  return out;
+}
+
+/**
+ * Stages exactly these paths through a pathspec file: no command line limit,
+ * and names with any byte in them pass unharmed.
+ */
+export async function stagePaths(git: SimpleGit, pathspecFile: string, paths: string[]): Promise<void> {
+  await fs.mkdir(path.dirname(pathspecFile), { recursive: true });
+  await fs.writeFile(pathspecFile, paths.map((p) => `${p}\0`).join(""));
+  await git.raw(["add", "-A", `--pathspec-from-file=${pathspecFile}`, "--pathspec-file-nul"]);
+}
+
+export async function stagedPaths(git: SimpleGit): Promise<string[]> {
+  return (await git.raw(["diff", "--cached", "--name-only", "-z"])).split("\0").filter((p) => p !== "");
+}
+
+/**
+ * Brings the tree from one commit to another in one step that rewrites only
+ * the files that differ between them. A file changed in the tree since its
+ * last commit is kept; where the other commit changed that same file, git
+ * refuses and nothing is written: the caller learns it from the false.
+ */
+export async function moveTree(git: SimpleGit, branchRef: string, from: string, to: string): Promise<boolean> {
+  await git.raw(["update-index", "-q", "--refresh"]).catch(() => undefined);
+  try {
+    await git.raw(["read-tree", "-m", "-u", "-n", from, to]);
+  } catch {
+    return false;
+  }
+  await git.raw(["read-tree", "-m", "-u", from, to]);
+  await git.raw(["update-ref", branchRef, to, from]);
+  return true;
+}
+
+function chunks<T>(items: T[], size: number): T[][] {
+  const out: T[][] = [];
+  for (let i = 0; i < items.length; i += size) out.push(items.slice(i, i + size));
+  return out;
+}
