@@ -5,7 +5,8 @@ import * as fs from "node:fs/promises";
 import * as os from "node:os";
 import * as path from "node:path";
 import { promisify } from "node:util";
-import { call, csi, dialUnix } from "@git-csi/protos";
+import * as net from "node:net";
+import { call, csi, dialUnix, type gitWorker, mountOwner } from "@git-csi/protos";
 
 export const run = promisify(execFile);
 
@@ -22,6 +23,10 @@ export interface Driver {
   pid(service: "csi-frontend" | "mount-owner" | "git-worker"): Promise<number>;
   /** Everything the services logged, one JSON object per line. */
   logs(): string;
+  /** The mount owner's own socket: what the Kubernetes watch drives, such as a claim's class. */
+  owner: mountOwner.MountOwnerClient;
+  /** The node plugin's /metrics listener, when started with a metrics port. */
+  metricsUrl: string;
   stop(): Promise<void>;
 }
 
@@ -38,6 +43,7 @@ export async function startDriver(options: { nodeId?: string; dir?: string; metr
   const identity = dialUnix(csi.IdentityClient, endpoint);
   const controller = dialUnix(csi.ControllerClient, endpoint);
   const node = dialUnix(csi.NodeClient, endpoint);
+  const owner = dialUnix(mountOwner.MountOwnerClient, `unix://${path.join(stateDir, "sockets", "mount-owner.sock")}`);
   return {
     dir,
     stateDir,
@@ -47,8 +53,10 @@ export async function startDriver(options: { nodeId?: string; dir?: string; metr
     node,
     pid: async (service) => Number((await fs.readFile(path.join(stateDir, "run", `${service}.pid`), "utf8")).trim()),
     logs: () => logs,
+    owner,
+    metricsUrl: options.metricsPort ? `http://127.0.0.1:${options.metricsPort}` : "",
     stop: async () => {
-      for (const c of [identity, controller, node]) c.close();
+      for (const c of [identity, controller, node, owner]) c.close();
       await stopProcess(launcher);
     },
   };
@@ -132,4 +140,61 @@ export async function mountsUnder(dir: string): Promise<string[]> {
 export async function sh(script: string, env: Record<string, string> = {}): Promise<string> {
   const { stdout } = await run("sh", ["-c", script], { env: { ...process.env, ...env } });
   return stdout;
+}
+
+/** A TCP port nothing listens on now. */
+export function freePort(): Promise<number> {
+  return new Promise((resolve, reject) => {
+    const server = net.createServer();
+    server.once("error", reject);
+    server.listen(0, "127.0.0.1", () => {
+      const { port } = server.address() as net.AddressInfo;
+      server.close(() => resolve(port));
+    });
+  });
+}
+
+export async function waitFor<T>(what: string, probe: () => Promise<T | undefined | false>, timeoutMs = 30_000): Promise<T> {
+  const deadline = Date.now() + timeoutMs;
+  let last: unknown;
+  for (;;) {
+    try {
+      const value = await probe();
+      if (value !== undefined && value !== false) return value;
+    } catch (err) {
+      last = err;
+    }
+    if (Date.now() > deadline) throw new Error(`timed out after ${timeoutMs} ms waiting for ${what}${last ? `: ${String(last)}` : ""}`);
+    await new Promise((r) => setTimeout(r, 100));
+  }
+}
+
+/** ControllerModifyVolume: in standalone mode, this is how a class arms a volume. */
+export async function modifyVolume(driver: Driver, volumeId: string, parameters: Record<string, string>): Promise<void> {
+  await call(driver.controller.controllerModifyVolume.bind(driver.controller), csi.ControllerModifyVolumeRequest.fromPartial({ volumeId, mutableParameters: parameters }), T);
+}
+
+/** What the Kubernetes watch does when a claim's class changes; undefined removes it. */
+export async function setVolumeClass(driver: Driver, volumeId: string, parameters: Record<string, string> | undefined, name = "e2e"): Promise<void> {
+  await call(driver.owner.setVolumeClass.bind(driver.owner), { volumeId, class: parameters ? { name, parameters } : undefined }, T);
+}
+
+export async function report(driver: Driver, volumeId: string): Promise<gitWorker.VolumeReport> {
+  const response = await fetch(`${driver.metricsUrl}/volumes/${volumeId}`);
+  if (!response.ok) throw new Error(`report of ${volumeId}: ${response.status} ${await response.text()}`);
+  return (await response.json()) as gitWorker.VolumeReport;
+}
+
+export async function metricsText(driver: Driver): Promise<string> {
+  return (await fetch(`${driver.metricsUrl}/metrics`)).text();
+}
+
+/** One sample's value from the Prometheus text format, for a claim. */
+export function metricValue(text: string, name: string, claim: string): number | undefined {
+  const line = text.split("\n").find((l) => l.startsWith(`${name}{`) && l.includes(`claim="${claim}"`));
+  return line === undefined ? undefined : Number(line.slice(line.lastIndexOf(" ") + 1));
+}
+
+export function reasons(r: gitWorker.VolumeReport): string[] {
+  return r.recentEvents.map((e) => e.reason);
 }

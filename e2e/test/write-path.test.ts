@@ -1,0 +1,254 @@
+import assert from "node:assert/strict";
+import * as fs from "node:fs/promises";
+import * as path from "node:path";
+import { after, before, describe, test } from "node:test";
+import {
+  createVolume,
+  type Driver,
+  freePort,
+  metricsText,
+  metricValue,
+  modifyVolume,
+  type PublishedVolume,
+  reasons,
+  report,
+  setVolumeClass,
+  sh,
+  stageAndPublish,
+  startDriver,
+  unpublishAndUnstage,
+  waitFor,
+} from "../src/driver";
+import { type GitServer, startGitDaemon } from "../src/git-server";
+
+/** What the remote holds at a path of a branch, or undefined. */
+async function remoteFile(server: GitServer, repo: string, ref: string, file: string): Promise<string | undefined> {
+  return server.git(repo, "show", `${ref}:${file}`).catch(() => undefined);
+}
+
+async function remoteHas(server: GitServer, repo: string, ref: string): Promise<boolean> {
+  return (await server.git(repo, "rev-parse", "--verify", "--quiet", `refs/heads/${ref}`).catch(() => "")) !== "";
+}
+
+const FAST = { "push.quiesce": "1s", "push.maxLatency": "1m" };
+
+describe("what happens after a write", () => {
+  let server: GitServer;
+  let driver: Driver;
+  let n = 0;
+
+  before(async () => {
+    server = await startGitDaemon();
+    driver = await startDriver({ metricsPort: await freePort() });
+  });
+
+  after(async () => {
+    await driver?.stop();
+    await server?.stop();
+  });
+
+  /** A fresh repository and a published volume of it. */
+  async function volumeOn(files: Record<string, string> = { "configuration.yaml": "name: home\n" }): Promise<{ repo: string; volume: PublishedVolume }> {
+    const repo = `repo-${++n}.git`;
+    await server.createRepo(repo, { files });
+    const created = await createVolume(driver, `vol-${n}`, server.url(repo));
+    return { repo, volume: await stageAndPublish(driver, created, undefined, `pod-${n}`) };
+  }
+
+  test("unarmed, the volume reports what it would commit and commits nothing; a class arms it; removing the class unarms it", async () => {
+    const { repo, volume } = await volumeOn();
+    const first = await server.git(repo, "rev-parse", "main");
+    await sh(`echo one > '${volume.targetPath}/a.txt'`);
+    const unarmed = await waitFor("a.txt pending", async () => {
+      const r = await report(driver, volume.volumeId);
+      return r.pendingPaths.includes("a.txt") && r;
+    });
+    assert.equal(unarmed.armed, false);
+    assert.equal(metricValue(await metricsText(driver), "git_csi_armed", volume.volumeId), 0);
+    await new Promise((r) => setTimeout(r, 1500));
+    assert.equal(await server.git(repo, "rev-parse", "main"), first, "an unarmed volume pushes nothing");
+
+    await modifyVolume(driver, volume.volumeId, { ...FAST, "commit.author": "Home Assistant <homeassistant@home.example>" });
+    await waitFor("a.txt pushed", () => remoteFile(server, repo, "main", "a.txt"));
+    assert.equal(await server.git(repo, "log", "-1", "--format=%an <%ae>|%cn <%ce>", "main"), "Home Assistant <homeassistant@home.example>|Home Assistant <homeassistant@home.example>");
+    const armed = await report(driver, volume.volumeId);
+    assert.equal(armed.armed, true);
+    assert.deepEqual(armed.pendingPaths, []);
+    assert.equal(armed.unpushedCommits, 0);
+    assert.ok(reasons(armed).includes("GitVolumeArmed") && reasons(armed).includes("GitVolumePushed"), reasons(armed).join());
+    const metrics = await metricsText(driver);
+    assert.equal(metricValue(metrics, "git_csi_armed", volume.volumeId), 1);
+    assert.ok((metricValue(metrics, "git_csi_last_push_timestamp_seconds", volume.volumeId) ?? 0) > Date.now() / 1000 - 60);
+
+    // The Pending event: armed, and paths wait for the quiesce.
+    await sh(`echo two > '${volume.targetPath}/b.txt'`);
+    await waitFor("b.txt pushed", () => remoteFile(server, repo, "main", "b.txt"));
+    assert.ok(reasons(await report(driver, volume.volumeId)).includes("GitVolumePending"));
+
+    await setVolumeClass(driver, volume.volumeId, undefined);
+    await sh(`echo three > '${volume.targetPath}/c.txt'`);
+    await waitFor("c.txt pending", async () => (await report(driver, volume.volumeId)).pendingPaths.includes("c.txt"));
+    await new Promise((r) => setTimeout(r, 2000));
+    assert.equal(await remoteFile(server, repo, "main", "c.txt"), undefined);
+    const again = await report(driver, volume.volumeId);
+    assert.equal(again.armed, false);
+    assert.ok(reasons(again).includes("GitVolumeUnarmed"));
+    await unpublishAndUnstage(driver, volume);
+  });
+
+  test("a bad class parameter is refused and the volume keeps its policy", async () => {
+    const { repo, volume } = await volumeOn();
+    await setVolumeClass(driver, volume.volumeId, FAST);
+    await assert.rejects(setVolumeClass(driver, volume.volumeId, { "push.quiesce": "later" }), /class parameter push.quiesce: "later" is not a duration/);
+    await sh(`echo kept > '${volume.targetPath}/kept.txt'`);
+    await waitFor("kept.txt pushed under the old policy", () => remoteFile(server, repo, "main", "kept.txt"));
+    assert.equal((await report(driver, volume.volumeId)).armed, true);
+    await unpublishAndUnstage(driver, volume);
+  });
+
+  test("files over commit.maxFileSize are skipped and named; ignore and .gitignore keep paths out", async () => {
+    const { repo, volume } = await volumeOn({ ".gitignore": "*.log\n", "configuration.yaml": "x\n" });
+    await setVolumeClass(driver, volume.volumeId, { ...FAST, "commit.maxFileSize": "1Ki", ignore: ".storage/,*.db*" });
+    const t = volume.targetPath;
+    await sh(`head -c 4096 /dev/zero > '${t}/big.bin' && mkdir -p '${t}/.storage' && echo s > '${t}/.storage/auth' && echo d > '${t}/home.db' && echo w > '${t}/home.db-wal' && echo l > '${t}/app.log' && echo ok > '${t}/ok.txt'`);
+    await waitFor("ok.txt pushed", () => remoteFile(server, repo, "main", "ok.txt"));
+    const tree = (await server.git(repo, "ls-tree", "-r", "--name-only", "main")).split("\n").sort();
+    assert.deepEqual(tree, [".gitignore", "configuration.yaml", "ok.txt"]);
+    const r = await report(driver, volume.volumeId);
+    assert.deepEqual(r.skippedPaths, ["big.bin"]);
+    const skippedEvent = r.recentEvents.find((e) => e.reason === "GitVolumeFileSkipped");
+    assert.equal(skippedEvent?.type, "Warning");
+    assert.match(skippedEvent!.message, /big\.bin is 4096 bytes, over commit\.maxFileSize 1024/);
+    const metrics = await metricsText(driver);
+    assert.equal(metricValue(metrics, "git_csi_skipped_files", volume.volumeId), 1);
+    assert.equal(metricValue(metrics, "git_csi_volume_abnormal", volume.volumeId), 1);
+    // Shrunk under the limit, it is committed and no longer skipped.
+    await sh(`head -c 100 /dev/zero > '${t}/big.bin'`);
+    await waitFor("big.bin pushed", () => remoteFile(server, repo, "main", "big.bin"));
+    await waitFor("no skipped files", async () => (await report(driver, volume.volumeId)).skippedPaths.length === 0);
+    await unpublishAndUnstage(driver, volume);
+  });
+
+  test("push.maxLatency pushes a tree that never goes quiet", async () => {
+    const { repo, volume } = await volumeOn();
+    await setVolumeClass(driver, volume.volumeId, { "push.quiesce": "3s", "push.maxLatency": "4s" });
+    const started = Date.now();
+    const writer = sh(`for i in $(seq 1 24); do echo $i >> '${volume.targetPath}/busy.log'; sleep 0.5; done`);
+    await waitFor("a push while writes go on", () => remoteFile(server, repo, "main", "busy.log"), 15_000);
+    assert.ok(Date.now() - started < 11_000, "pushed before the writer stopped");
+    await writer;
+    await waitFor("every line pushed", async () => (await remoteFile(server, repo, "main", "busy.log"))?.split("\n").filter(Boolean).length === 24);
+    await unpublishAndUnstage(driver, volume);
+  });
+
+  test("the driver pushes when the pod stops", async () => {
+    const { repo, volume } = await volumeOn();
+    await setVolumeClass(driver, volume.volumeId, { "push.quiesce": "1h", "push.maxLatency": "2h" });
+    await sh(`echo stop > '${volume.targetPath}/at-stop.txt'`);
+    await new Promise((r) => setTimeout(r, 500));
+    assert.equal(await remoteFile(server, repo, "main", "at-stop.txt"), undefined);
+    await unpublishAndUnstage(driver, volume);
+    assert.equal(await remoteFile(server, repo, "main", "at-stop.txt"), "stop");
+  });
+
+  for (const signal of ["SIGTERM", "SIGKILL"] as const) {
+    test(`a write made while the git worker was down (${signal}) is committed when the quiesce passes`, async () => {
+      const { repo, volume } = await volumeOn();
+      await setVolumeClass(driver, volume.volumeId, FAST);
+      const pid = await driver.pid("git-worker");
+      process.kill(pid, signal);
+      await waitFor("the worker gone", async () => {
+        try {
+          process.kill(pid, 0);
+          return false;
+        } catch {
+          return true;
+        }
+      });
+      await sh(`echo down > '${volume.targetPath}/while-down.txt'`);
+      await waitFor("the write pushed after the restart", () => remoteFile(server, repo, "main", "while-down.txt"), 20_000);
+      await unpublishAndUnstage(driver, volume);
+    });
+  }
+
+  test("two volumes of one URL share one bare repository on the node", async () => {
+    const repo = "shared.git";
+    await server.createRepo(repo);
+    const a = await stageAndPublish(driver, await createVolume(driver, "shared-a", server.url(repo)), undefined, "shared-a");
+    const b = await stageAndPublish(driver, await createVolume(driver, "shared-b", server.url(repo)), undefined, "shared-b");
+    const stores = (await fs.readdir(path.join(driver.stateDir, "repos"))).length;
+    const expected = n + 1; // one per repository this suite made
+    assert.equal(stores, expected);
+    await unpublishAndUnstage(driver, a);
+    await unpublishAndUnstage(driver, b);
+  });
+
+  test("push rejected because the ref moved: rebase beside the tree, GitVolumeRebased, the pod's tree takes upstream's files and keeps the application's", async () => {
+    const { repo, volume } = await volumeOn();
+    await setVolumeClass(driver, volume.volumeId, { ...FAST, "commit.maxFileSize": "1Ki" });
+    // A file the application keeps writing that is never committed: over the size limit.
+    await sh(`head -c 4096 /dev/zero > '${volume.targetPath}/uncommitted.bin'`);
+    await server.commitFiles(repo, { "from-upstream.txt": "upstream\n" }, { message: "a person's commit" });
+    await sh(`echo mine > '${volume.targetPath}/mine.txt'`);
+    await waitFor("mine.txt pushed", () => remoteFile(server, repo, "main", "mine.txt"));
+    assert.equal(await remoteFile(server, repo, "main", "from-upstream.txt"), "upstream");
+    assert.equal(await server.git(repo, "log", "--format=%s", "-2", "main").then((s) => s.split("\n")[1]), "a person's commit");
+    assert.equal(await sh(`cat '${volume.targetPath}/from-upstream.txt'`), "upstream\n");
+    assert.equal((await sh(`wc -c < '${volume.targetPath}/uncommitted.bin'`)).trim(), "4096");
+    const r = await report(driver, volume.volumeId);
+    assert.ok(reasons(r).includes("GitVolumeRebased"), reasons(r).join());
+    assert.equal(r.sideBranch, "");
+    assert.equal(await remoteHas(server, repo, `main.${volume.volumeId}`), false);
+    await unpublishAndUnstage(driver, volume);
+  });
+
+  test("a conflicting rebase moves the volume to its side branch; once merged, the next push heals it", async () => {
+    const { repo, volume } = await volumeOn({ "configuration.yaml": "name: home\n" });
+    await setVolumeClass(driver, volume.volumeId, FAST);
+    const side = `main.${volume.volumeId}`;
+    await server.commitFiles(repo, { "configuration.yaml": "name: upstream\n" });
+    await sh(`echo 'name: pod' > '${volume.targetPath}/configuration.yaml'`);
+    await waitFor("the side branch", () => remoteHas(server, repo, side));
+    assert.equal(await remoteFile(server, repo, side, "configuration.yaml"), "name: pod");
+    assert.equal(await remoteFile(server, repo, "main", "configuration.yaml"), "name: upstream");
+    const diverged = await report(driver, volume.volumeId);
+    assert.equal(diverged.sideBranch, side);
+    const event = diverged.recentEvents.find((e) => e.reason === "GitVolumeDiverged");
+    assert.ok(event && event.message.includes(side) && event.message.includes("main"), event?.message);
+    const metrics = await metricsText(driver);
+    assert.equal(metricValue(metrics, "git_csi_diverged", volume.volumeId), 1);
+    assert.equal(metricValue(metrics, "git_csi_volume_abnormal", volume.volumeId), 1);
+
+    // Commits continue, on the side branch.
+    await sh(`echo more > '${volume.targetPath}/more.txt'`);
+    await waitFor("more.txt on the side branch", () => remoteFile(server, repo, side, "more.txt"));
+    assert.equal(await remoteFile(server, repo, "main", "more.txt"), undefined);
+
+    // A person merges the side branch into main on the forge, taking the pod's side.
+    const sideTip = await server.git(repo, "rev-parse", side);
+    const mainTip = await server.git(repo, "rev-parse", "main");
+    const mergedTree = await server.git(repo, "rev-parse", `${sideTip}^{tree}`);
+    const merge = await server.git(repo, "commit-tree", mergedTree, "-p", mainTip, "-p", sideTip, "-m", `Merge ${side}`);
+    await server.git(repo, "update-ref", "refs/heads/main", merge, mainTip);
+
+    await sh(`echo after > '${volume.targetPath}/after-merge.txt'`);
+    await waitFor("after-merge.txt on main", () => remoteFile(server, repo, "main", "after-merge.txt"));
+    assert.equal(await remoteHas(server, repo, side), false, "the side branch is deleted");
+    const healed = await report(driver, volume.volumeId);
+    assert.equal(healed.sideBranch, "");
+    assert.ok(reasons(healed).includes("GitVolumeHealed"));
+    assert.equal(metricValue(await metricsText(driver), "git_csi_diverged", volume.volumeId), 0);
+    await unpublishAndUnstage(driver, volume);
+  });
+
+  test("the ref deleted upstream: GitVolumeRefDeleted, and the commits go to the side branch", async () => {
+    const { repo, volume } = await volumeOn();
+    await setVolumeClass(driver, volume.volumeId, FAST);
+    await server.git(repo, "update-ref", "-d", "refs/heads/main");
+    await sh(`echo safe > '${volume.targetPath}/safe.txt'`);
+    await waitFor("safe.txt on the side branch", () => remoteFile(server, repo, `main.${volume.volumeId}`, "safe.txt"));
+    assert.equal(await remoteHas(server, repo, "main"), false, "the driver does not make the deleted ref again");
+    assert.ok(reasons(await report(driver, volume.volumeId)).includes("GitVolumeRefDeleted"));
+    await unpublishAndUnstage(driver, volume);
+  });
+});
