@@ -9,7 +9,7 @@ HELM_VERSION := v3.21.4
 # Debian packages: FUSE (libfuse2 for fuse-native, fuse3 for fusermount3),
 # bindfs for the benchmark baseline, protoc with the well-known protos, and
 # real servers for the tests.
-APT_PACKAGES := libfuse2 fuse3 bindfs protobuf-compiler libprotobuf-dev git openssh-server util-linux procps
+APT_PACKAGES := libfuse2 fuse3 bindfs protobuf-compiler libprotobuf-dev git openssh-server openssh-client lighttpd util-linux procps python3
 
 CACHE := $(CURDIR)/.cache
 GOBIN := $(CACHE)/bin

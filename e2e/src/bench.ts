@@ -297,6 +297,9 @@ async function main(): Promise<void> {
   process.once("SIGINT", onSignal);
   process.once("SIGTERM", onSignal);
 
+  // Up front, so a bad --out fails before the run, and by mkdir(1): Node 20's
+  // recursive fs.mkdir spins forever on a path under /proc.
+  await exec("mkdir", ["-p", "--", config.out]);
   const dir = await fs.mkdtemp(path.join(os.tmpdir(), "git-csi-bench-"));
   const benchRoot = path.join(dir, "bench");
   const directDir = path.join(benchRoot, "direct");
@@ -365,7 +368,6 @@ async function main(): Promise<void> {
       },
       workloads: results,
     };
-    await fs.mkdir(config.out, { recursive: true });
     await fs.writeFile(path.join(config.out, "results.json"), `${JSON.stringify(json, null, 2)}\n`);
     await fs.writeFile(path.join(config.out, "results.md"), `# git.liken.sh bench\n\n${table}`);
     log(`wrote ${path.join(config.out, "results.json")} and results.md`);

@@ -16,7 +16,7 @@
 
 import { spawn, type ChildProcess } from "node:child_process";
 import { randomBytes } from "node:crypto";
-import { renameSync, writeFileSync } from "node:fs";
+import { renameSync, rmSync, writeFileSync } from "node:fs";
 import { mkdtemp, mkdir, readFile, rm, writeFile } from "node:fs/promises";
 import * as http from "node:http";
 import * as os from "node:os";
@@ -96,7 +96,9 @@ export async function startHttpGitServer(): Promise<HttpGitServer> {
   let exited = false;
   let stderrTail = "";
   const onExit = () => {
+    // the test process is exiting without stop(): kill everything, drop the temp dir
     if (lighttpd?.pid !== undefined && !exited) killProcessTreeSync(lighttpd.pid);
+    rmSync(tmpRoot, { recursive: true, force: true });
   };
   process.once("exit", onExit);
 

@@ -22,7 +22,7 @@
 // addressed by absolute path: ssh://root@127.0.0.1:<port>/tmp/.../repos/<repo>.
 
 import { spawn, type ChildProcess } from "node:child_process";
-import { chmodSync, renameSync, writeFileSync } from "node:fs";
+import { chmodSync, renameSync, rmSync, writeFileSync } from "node:fs";
 import { mkdtemp, mkdir, readFile, rm, stat, writeFile } from "node:fs/promises";
 import * as os from "node:os";
 import * as path from "node:path";
@@ -117,7 +117,9 @@ export async function startSshGitServer(): Promise<SshGitServer> {
   let exited = false;
   let stderrTail = "";
   const onExit = () => {
+    // the test process is exiting without stop(): kill everything, drop the temp dir
     if (sshd?.pid !== undefined && !exited) killProcessTreeSync(sshd.pid);
+    rmSync(tmpRoot, { recursive: true, force: true });
   };
   process.once("exit", onExit);
 

@@ -32,6 +32,14 @@ async function remoteHas(server: GitServer, repo: string, ref: string): Promise<
 
 const FAST = { "push.quiesce": "1s", "push.maxLatency": "1m" };
 
+/** A real push failure: the server's pre-receive hook declines every push until it is removed. */
+async function refusePushes(server: GitServer, repo: string): Promise<() => Promise<void>> {
+  const hook = path.join(server.repoPath(repo), "hooks", "pre-receive");
+  await fs.mkdir(path.dirname(hook), { recursive: true });
+  await fs.writeFile(hook, "#!/bin/sh\necho 'the forge is read-only for this test' >&2\nexit 1\n", { mode: 0o755 });
+  return () => fs.rm(hook);
+}
+
 describe("what happens after a write", () => {
   let server: GitServer;
   let driver: Driver;
@@ -166,7 +174,10 @@ describe("what happens after a write", () => {
         }
       });
       await sh(`echo down > '${volume.targetPath}/while-down.txt'`);
-      await waitFor("the write pushed after the restart", () => remoteFile(server, repo, "main", "while-down.txt"), 20_000);
+      await waitFor("the write pushed after the restart", () => remoteFile(server, repo, "main", "while-down.txt"), 20_000).catch((err) => { console.error(driver.logs().split("\n").filter((l) => /git-worker|worker_restart/.test(l) && !/"operation":"(probe)"/.test(l)).slice(-30).join("\n")); throw err; });
+      // SIGTERM lets the watcher keep a snapshot; after SIGKILL one full status finds the write.
+      const found = signal === "SIGTERM" ? /written while nothing watched, from the watcher's snapshot/ : /no watcher snapshot: one full git status/;
+      assert.match(driver.logs().split("\n").filter((l) => l.includes(`"volume":"${volume.volumeId}"`)).join("\n"), found);
       await unpublishAndUnstage(driver, volume);
     });
   }
@@ -174,11 +185,12 @@ describe("what happens after a write", () => {
   test("two volumes of one URL share one bare repository on the node", async () => {
     const repo = "shared.git";
     await server.createRepo(repo);
+    const stores = async () => (await fs.readdir(path.join(driver.stateDir, "repos"))).length;
     const a = await stageAndPublish(driver, await createVolume(driver, "shared-a", server.url(repo)), undefined, "shared-a");
+    const withOne = await stores();
     const b = await stageAndPublish(driver, await createVolume(driver, "shared-b", server.url(repo)), undefined, "shared-b");
-    const stores = (await fs.readdir(path.join(driver.stateDir, "repos"))).length;
-    const expected = n + 1; // one per repository this suite made
-    assert.equal(stores, expected);
+    assert.equal(await stores(), withOne, "the second volume of the URL made no second bare repository");
+    assert.match(driver.logs(), /"message":"cloned the work tree"[^\n]*"volume":"shared-b"|"volume":"shared-b"[^\n]*"message":"cloned the work tree"/);
     await unpublishAndUnstage(driver, a);
     await unpublishAndUnstage(driver, b);
   });
@@ -250,5 +262,95 @@ describe("what happens after a write", () => {
     assert.equal(await remoteHas(server, repo, "main"), false, "the driver does not make the deleted ref again");
     assert.ok(reasons(await report(driver, volume.volumeId)).includes("GitVolumeRefDeleted"));
     await unpublishAndUnstage(driver, volume);
+  });
+
+  describe("at stage, the tree is compared to the ref", () => {
+    async function restage(volume: PublishedVolume): Promise<PublishedVolume> {
+      await unpublishAndUnstage(driver, volume);
+      return stageAndPublish(driver, { volumeId: volume.volumeId, volumeContext: volume.context, capacityBytes: 0, contentSource: undefined, accessibleTopology: [] }, undefined, `re-${volume.volumeId}`);
+    }
+
+    test("behind: the tree takes upstream", async () => {
+      const { repo, volume } = await volumeOn();
+      await setVolumeClass(driver, volume.volumeId, FAST);
+      await unpublishAndUnstage(driver, volume);
+      await server.commitFiles(repo, { "while-away.txt": "upstream\n" });
+      const again = await restage(volume);
+      assert.equal(await sh(`cat '${again.targetPath}/while-away.txt'`), "upstream\n");
+      await unpublishAndUnstage(driver, again);
+    });
+
+    test("ahead: nothing changes, and the next push sends what the last unstage could not", async () => {
+      const { repo, volume } = await volumeOn();
+      await setVolumeClass(driver, volume.volumeId, FAST);
+      const allowPushes = await refusePushes(server, repo);
+      await sh(`echo late > '${volume.targetPath}/late.txt'`);
+      await waitFor("a failed push", async () => (await report(driver, volume.volumeId)).pushFailures > 0);
+      const failed = await report(driver, volume.volumeId);
+      assert.ok(failed.recentEvents.some((e) => e.reason === "GitVolumePushFailed" && e.type === "Warning" && /read-only for this test/.test(e.message)));
+      const metrics = await metricsText(driver);
+      assert.ok((metricValue(metrics, "git_csi_push_failures_total", volume.volumeId) ?? 0) >= 1);
+      assert.equal(metricValue(metrics, "git_csi_unpushed_commits", volume.volumeId), 1);
+      assert.equal(metricValue(metrics, "git_csi_volume_abnormal", volume.volumeId), 1);
+      await unpublishAndUnstage(driver, volume);
+      assert.equal(await remoteFile(server, repo, "main", "late.txt"), undefined);
+      await allowPushes();
+      const again = await restage(volume);
+      assert.equal(await sh(`cat '${again.targetPath}/late.txt'`), "late\n");
+      await waitFor("late.txt pushed after the restage", () => remoteFile(server, repo, "main", "late.txt"));
+      await waitFor("the abnormal gauge cleared", async () => metricValue(await metricsText(driver), "git_csi_volume_abnormal", volume.volumeId) === 0);
+      await unpublishAndUnstage(driver, again);
+    });
+
+    test("diverged: the tree's commits are rebased onto upstream", async () => {
+      const { repo, volume } = await volumeOn();
+      await setVolumeClass(driver, volume.volumeId, FAST);
+      const allowPushes = await refusePushes(server, repo);
+      await sh(`echo ours > '${volume.targetPath}/ours.txt'`);
+      await waitFor("a failed push", async () => (await report(driver, volume.volumeId)).pushFailures > 0);
+      await unpublishAndUnstage(driver, volume);
+      await allowPushes();
+      await server.commitFiles(repo, { "theirs.txt": "theirs\n" });
+      const again = await restage(volume);
+      assert.equal(await sh(`cat '${again.targetPath}/theirs.txt' '${again.targetPath}/ours.txt'`), "theirs\nours\n");
+      assert.ok(reasons(await report(driver, volume.volumeId)).includes("GitVolumeRebased"));
+      await waitFor("ours.txt pushed on top of theirs", () => remoteFile(server, repo, "main", "ours.txt"));
+      assert.equal(await remoteFile(server, repo, "main", "theirs.txt"), "theirs");
+      await unpublishAndUnstage(driver, again);
+    });
+
+    test("diverged with a conflict: the volume moves to its side branch at stage", async () => {
+      const { repo, volume } = await volumeOn({ "configuration.yaml": "name: home\n" });
+      await setVolumeClass(driver, volume.volumeId, FAST);
+      const allowPushes = await refusePushes(server, repo);
+      await sh(`echo 'name: pod' > '${volume.targetPath}/configuration.yaml'`);
+      await waitFor("a failed push", async () => (await report(driver, volume.volumeId)).pushFailures > 0);
+      await unpublishAndUnstage(driver, volume);
+      await allowPushes();
+      await server.commitFiles(repo, { "configuration.yaml": "name: upstream\n" });
+      const again = await restage(volume);
+      assert.equal(await sh(`cat '${again.targetPath}/configuration.yaml'`), "name: pod\n");
+      await waitFor("the side branch", () => remoteFile(server, repo, `main.${volume.volumeId}`, "configuration.yaml"));
+      const r = await report(driver, volume.volumeId);
+      assert.equal(r.sideBranch, `main.${volume.volumeId}`);
+      assert.ok(reasons(r).includes("GitVolumeDiverged"));
+      await unpublishAndUnstage(driver, again);
+    });
+
+    test("uncommitted writes: the tree is left as it is whatever upstream did, GitVolumeUpstreamMoved, abnormal", async () => {
+      const { repo, volume } = await volumeOn();
+      await sh(`echo draft > '${volume.targetPath}/draft.txt'`);
+      await unpublishAndUnstage(driver, volume);
+      await server.commitFiles(repo, { "moved.txt": "upstream\n" });
+      const again = await restage(volume);
+      assert.equal(await sh(`cat '${again.targetPath}/draft.txt'`), "draft\n");
+      await assert.rejects(sh(`cat '${again.targetPath}/moved.txt'`));
+      const r = await report(driver, volume.volumeId);
+      const event = r.recentEvents.find((e) => e.reason === "GitVolumeUpstreamMoved");
+      assert.equal(event?.type, "Warning");
+      assert.ok(r.abnormal.some((a) => a.includes("moved upstream while the tree held uncommitted writes")), r.abnormal.join());
+      assert.equal(metricValue(await metricsText(driver), "git_csi_volume_abnormal", volume.volumeId), 1);
+      await unpublishAndUnstage(driver, again);
+    });
   });
 });

@@ -38,7 +38,7 @@ export function gitWorkerService(store: Store, syncs: Syncs, metrics: DriverMetr
         });
         syncs.set(volumeId, sync);
       }
-      return { treePath: tree.treePath, head: tree.head, reused: tree.reused };
+      return { treePath: tree.treePath, head: tree.head, reused: tree.reused, workerInstance: instance };
     }),
 
     setClass: unary("set_class", logger, async (request: gitWorker.SetClassRequest) => {

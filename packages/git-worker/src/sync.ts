@@ -109,11 +109,15 @@ export class VolumeSync {
     const treeDir = this.ctx.store.treeDir(this.ctx.volumeId);
     const snapshot = this.snapshotFile();
     const saved = await fs.readFile(this.pendingFile(), "utf8").then((t) => JSON.parse(t) as string[], () => undefined);
+    const log = { volume: this.ctx.volumeId, operation: "watch" };
     if (saved && (await fs.stat(snapshot).then(() => true, () => false))) {
       for (const p of saved) this.changed.add(p);
-      for (const event of await watcher.getEventsSince(treeDir, snapshot)) this.changed.add(path.relative(treeDir, event.path));
+      const since = await watcher.getEventsSince(treeDir, snapshot);
+      for (const event of since) this.changed.add(path.relative(treeDir, event.path));
+      this.ctx.logger.info(`${since.length} path(s) written while nothing watched, from the watcher's snapshot`, log);
     } else {
       this.fullScan = true;
+      this.ctx.logger.info("no watcher snapshot: one full git status finds what changed while nothing watched", log);
     }
     // A snapshot serves one start: a crash after this must not reuse it.
     await Promise.all([fs.rm(snapshot, { force: true }), fs.rm(this.pendingFile(), { force: true })]);

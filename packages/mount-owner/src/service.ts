@@ -46,7 +46,8 @@ export interface MountOwner {
 
 export function createMountOwner(deps: MountOwnerDeps): MountOwner {
   const { state, worker, logger } = deps;
-  const sessions = new Map<string, { stagingPath: string; mount: StagedMount }>();
+  /** Each staged volume's FUSE session, and the git worker instance that watches its tree. */
+  const sessions = new Map<string, { stagingPath: string; mount: StagedMount; workerInstance: string }>();
   const perVolume = new KeyedSerial();
 
   const serialized = <Req extends { volumeId: string }, Res>(operation: string, handler: (request: Req, volumeId: string) => Promise<Res>) =>
@@ -75,7 +76,7 @@ export function createMountOwner(deps: MountOwnerDeps): MountOwner {
     await unmountAll(stagingPath);
     await fs.mkdir(stagingPath, { recursive: true });
     const mount = await deps.mountTree(volumeId, tree.treePath, stagingPath);
-    sessions.set(volumeId, { stagingPath, mount });
+    sessions.set(volumeId, { stagingPath, mount, workerInstance: tree.workerInstance });
     logger.info("staged", { volume: volumeId, operation: "stage", reused: tree.reused, head: tree.head });
     return {};
   }
@@ -159,23 +160,20 @@ export function createMountOwner(deps: MountOwnerDeps): MountOwner {
   }
 
   const ownerInstance = randomUUID();
-  let workerInstance = "";
   function watchWorker(intervalMs: number): NodeJS.Timeout {
     return setInterval(() => {
       void call(worker.probe.bind(worker), {}, intervalMs)
         .then(async ({ instance }) => {
-          const restarted = workerInstance !== "" && instance !== workerInstance;
-          workerInstance = instance;
-          if (!restarted) return;
-          logger.warn("the git worker restarted; handing it the staged volumes again", { operation: "worker_restart", volumes: sessions.size });
-          for (const volumeId of sessions.keys()) {
+          for (const [volumeId, session] of sessions) {
+            if (session.workerInstance === instance) continue;
+            logger.warn("the git worker restarted; handing it the staged volume again", { volume: volumeId, operation: "worker_restart" });
             await perVolume.run(volumeId, async () => {
               const record = await state.volumes.get(volumeId);
-              if (record) await prepare(record);
+              if (record) session.workerInstance = (await prepare(record)).workerInstance;
             });
           }
         })
-        .catch(() => undefined);
+        .catch((err: Error) => logger.warn(`the git worker does not answer: ${err.message}`, { operation: "worker_restart" }));
     }, intervalMs);
   }
 
