@@ -13,6 +13,8 @@ export const Reason = {
   UpstreamMoved: "GitVolumeUpstreamMoved",
   RefDeleted: "GitVolumeRefDeleted",
   Refused: "GitVolumeRefused",
+  // Beyond spec 004's list: an ssh Secret without known_hosts, so the server's key is trusted on first sight.
+  HostKeyUnverified: "GitVolumeHostKeyUnverified",
 } as const;
 
 export type ReasonName = (typeof Reason)[keyof typeof Reason];

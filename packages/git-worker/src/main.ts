@@ -4,6 +4,8 @@ import { parseFlags, UsageError } from "@git-csi/config";
 import { createLogger, logLifecycle } from "@git-csi/logging";
 import { DriverMetrics, serveMetrics } from "@git-csi/metrics";
 import { gitWorker, serveUnix, stopServer } from "@git-csi/protos";
+import * as path from "node:path";
+import { CredentialBroker } from "./broker";
 import { gitWorkerService, type Syncs } from "./service";
 import { Store } from "./store";
 
@@ -17,7 +19,9 @@ async function main(): Promise<void> {
   const store = new Store(flags["state-dir"]!);
   const metrics = new DriverMetrics();
   const syncs: Syncs = new Map();
-  const server = await serveUnix(flags.listen!, [{ definition: gitWorker.GitWorkerService, implementation: gitWorkerService(store, syncs, metrics, logger) }]);
+  const broker = new CredentialBroker(path.join(store.socketDir(), "credentials.sock"));
+  await broker.start();
+  const server = await serveUnix(flags.listen!, [{ definition: gitWorker.GitWorkerService, implementation: gitWorkerService(store, syncs, broker, metrics, logger) }]);
   let listener: http.Server | undefined;
   if (flags["metrics-address"]) {
     listener = await serveMetrics(flags["metrics-address"], metrics, [
@@ -34,6 +38,7 @@ async function main(): Promise<void> {
     // Each watcher keeps a snapshot, so writes made while the worker is down are committed after it starts.
     await Promise.all([...syncs.values()].map((s) => s.stop()));
     listener?.close();
+    broker.stop();
     await stopServer(server);
   });
   logger.info("started", { operation: "startup", listen: flags.listen, stateDir: flags["state-dir"], metrics: flags["metrics-address"] || undefined });

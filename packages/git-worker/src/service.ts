@@ -3,6 +3,9 @@ import { branchOf, ClassParameterError, KeyedSerial } from "@git-csi/config";
 import type { Logger } from "@git-csi/logging";
 import type { DriverMetrics } from "@git-csi/metrics";
 import { type gitWorker, invalidArgument, notFound, required, unary } from "@git-csi/protos";
+import { RemoteAccess } from "./access";
+import type { CredentialBroker } from "./broker";
+import { fingerprint, parseCredential } from "./credential";
 import { prepareTree } from "./stage";
 import type { Store } from "./store";
 import { VolumeSync } from "./sync";
@@ -10,7 +13,7 @@ import { VolumeSync } from "./sync";
 /** The volumes this worker watches, by volume id. */
 export type Syncs = Map<string, VolumeSync>;
 
-export function gitWorkerService(store: Store, syncs: Syncs, metrics: DriverMetrics, logger: Logger): gitWorker.GitWorkerServer {
+export function gitWorkerService(store: Store, syncs: Syncs, broker: CredentialBroker, metrics: DriverMetrics, logger: Logger): gitWorker.GitWorkerServer {
   // Git operations on one bare repository run one at a time: fetches and
   // worktree changes of two volumes of one URL would race for its locks.
   const perRepository = new KeyedSerial();
@@ -29,16 +32,45 @@ export function gitWorkerService(store: Store, syncs: Syncs, metrics: DriverMetr
       const volumeId = required(request.volumeId, "volume_id");
       const source = required(request.source, "source");
       required(source.url, "source.url");
-      const tree = await perRepository.run(store.repoDir(source.url), () => prepareTree(store, volumeId, source));
-      logger.info(tree.reused ? "reused the work tree the node kept" : "cloned the work tree", { volume: volumeId, operation: "prepare_tree", head: tree.head });
-      if (!syncs.has(volumeId)) {
-        const sync = new VolumeSync({ store, volumeId, source, branch: branchOf(source.ref)!, claim: request.claim ?? { namespace: "", name: "" }, logger, metrics });
-        await perRepository.run(store.repoDir(source.url), () => sync.start(request.class, tree.fetched)).catch((err: unknown) => {
-          throw classError(err);
-        });
-        syncs.set(volumeId, sync);
+      const data = request.credential?.data;
+      const openAccess = async (secret: Record<string, string> | undefined) => RemoteAccess.open(parseCredential(secret), store.volumeDir(volumeId), store.socketDir(), broker);
+      const existing = syncs.get(volumeId);
+      const access = await openAccess(data);
+      try {
+        const tree = await perRepository.run(store.repoDir(source.url), () => prepareTree(store, volumeId, source, access));
+        logger.info(tree.reused ? "reused the work tree the node kept" : "cloned the work tree", { volume: volumeId, operation: "prepare_tree", head: tree.head });
+        if (existing) {
+          access.close();
+        } else {
+          const sync = new VolumeSync({
+            store,
+            volumeId,
+            source,
+            branch: branchOf(source.ref)!,
+            claim: request.claim ?? { namespace: "", name: "" },
+            logger,
+            metrics,
+            access,
+            credentialExpected: request.credentialExpected || fingerprint(data) !== "",
+            published: request.published,
+            stageFingerprint: fingerprint(data),
+            openAccess,
+          });
+          await perRepository.run(store.repoDir(source.url), () => sync.start(request.class, tree.fetched)).catch((err: unknown) => {
+            throw classError(err);
+          });
+          syncs.set(volumeId, sync);
+        }
+        return { treePath: tree.treePath, head: tree.head, reused: tree.reused, workerInstance: instance };
+      } catch (err) {
+        if (!existing) access.close();
+        throw err;
       }
-      return { treePath: tree.treePath, head: tree.head, reused: tree.reused, workerInstance: instance };
+    }),
+
+    setCredential: unary("set_credential", logger, async (request: gitWorker.SetCredentialRequest) => {
+      await syncOf(required(request.volumeId, "volume_id")).setCredential(request.credential?.data ?? {});
+      return {};
     }),
 
     setClass: unary("set_class", logger, async (request: gitWorker.SetClassRequest) => {

@@ -2,6 +2,7 @@ import * as fs from "node:fs/promises";
 import * as path from "node:path";
 import { failedPrecondition, unavailable } from "@git-csi/protos";
 import type { gitcsi } from "@git-csi/protos";
+import type { RemoteAccess } from "./access";
 import { fetchBranch } from "./remote";
 import { branchOfRef, exists, missingRef, type Store, upstreamRef } from "./store";
 import { revParse } from "./tree";
@@ -24,10 +25,10 @@ export function volumeBranch(volumeId: string): string {
  * volume's work tree: the one the node kept from an earlier stage, or a new
  * worktree checked out at the ref.
  */
-export async function prepareTree(store: Store, volumeId: string, source: gitcsi.VolumeSource): Promise<PreparedTree> {
+export async function prepareTree(store: Store, volumeId: string, source: gitcsi.VolumeSource, access: RemoteAccess): Promise<PreparedTree> {
   const branch = branchOfRef(source.ref);
   const repo = await store.ensureRepo(source.url);
-  const fetched = await fetchBranch(repo, branch).then(
+  const fetched = await access.run((remote) => fetchBranch(store.repo(source.url, remote), branch)).then(
     (result) => result === "fetched",
     (err: Error) => {
       throw unavailable(`${err.message} (${source.url})`);

@@ -4,6 +4,7 @@ import * as path from "node:path";
 import { simpleGit, type SimpleGit } from "simple-git";
 import { BRANCH_RULE, branchOf } from "@git-csi/config";
 import { failedPrecondition, invalidArgument } from "@git-csi/protos";
+import type { RemoteOptions } from "./access";
 
 /**
  * The node's git store: one bare repository per URL under repos/, shared by
@@ -29,9 +30,13 @@ export class Store {
     return path.join(this.repoDir(url), "worktrees", volumeId);
   }
 
-  /** git in the bare repository. */
-  repo(url: string): SimpleGit {
-    return gitAt(this.repoDir(url), { GIT_DIR: this.repoDir(url) });
+  /** git in the bare repository; with remote options, for a command that talks to the remote. */
+  repo(url: string, remote: RemoteOptions = { config: [], env: {} }): SimpleGit {
+    return gitAt(this.repoDir(url), { GIT_DIR: this.repoDir(url), ...remote.env }, remote.config);
+  }
+
+  socketDir(): string {
+    return path.join(this.stateDir, "sockets");
   }
 
   /** Where the worker keeps a volume's own files: the class's ignore patterns, pathspec lists, the watcher's snapshot. */
@@ -100,7 +105,8 @@ function gitAt(dir: string, env: Record<string, string>, config: string[] = []):
 
 /** git run in an existing directory, with a clean environment: no prompt ever waits for a terminal. */
 function gitIn(cwd: string, env: Record<string, string>, config: string[] = []): SimpleGit {
-  return simpleGit({ baseDir: cwd, trimmed: false, config }).env({
+  // The credential helper and ssh command are always the worker's own (access.ts), never input.
+  return simpleGit({ baseDir: cwd, trimmed: false, config, unsafe: { allowUnsafeCredentialHelper: true, allowUnsafeSshCommand: true } }).env({
     PATH: process.env.PATH ?? "/usr/bin:/bin",
     HOME: process.env.HOME ?? "/",
     GIT_TERMINAL_PROMPT: "0",

@@ -5,6 +5,10 @@ import { type ClassPolicy, type EventType, formatDuration, parseClassParameters,
 import type { Logger } from "@git-csi/logging";
 import type { ClaimLabels, DriverMetrics } from "@git-csi/metrics";
 import type { gitcsi, gitWorker } from "@git-csi/protos";
+import type { SimpleGit } from "simple-git";
+import { failedPrecondition } from "@git-csi/protos";
+import type { RemoteAccess } from "./access";
+import { fingerprint } from "./credential";
 import { deleteBranch, fetchBranch, pushCommit, RemoteError } from "./remote";
 import { type Store, upstreamRef } from "./store";
 import { countCommits, isAncestor, moveTree, revParse, stagedPaths, stagePaths, statusOf } from "./tree";
@@ -15,6 +19,7 @@ const ALWAYS_IGNORED = [".fuse_hidden*"];
 const REBASE_ATTEMPTS = 3;
 const RECENT_EVENTS = 50;
 const RETRY_MIN_MS = 5_000;
+const POD_STOPPED = "the pod stopped";
 
 export interface SyncContext {
   store: Store;
@@ -24,6 +29,16 @@ export interface SyncContext {
   claim: gitcsi.Claim;
   logger: Logger;
   metrics: DriverMetrics;
+  /** How the volume reaches its remote with the stage's credential. */
+  access: RemoteAccess;
+  /** The stage carried a Secret, though a restarted worker may not have it. */
+  credentialExpected: boolean;
+  /** The volume was published before the worker started: a rotation may come with any publish. */
+  published: boolean;
+  /** The stage Secret's fingerprint, to refuse a first publish with another. */
+  stageFingerprint: string;
+  /** Opens access with another Secret's credential. */
+  openAccess(data: Record<string, string>): Promise<RemoteAccess>;
 }
 
 /**
@@ -56,10 +71,26 @@ export class VolumeSync {
   private refDeleted = false;
   private upstreamMovedOverWrites = false;
   private readonly events: gitWorker.VolumeEvent[] = [];
+  private access: RemoteAccess;
+  private publishFingerprint = "";
+  private published: boolean;
   private chain: Promise<unknown> = Promise.resolve();
   private stopped = false;
 
-  constructor(private readonly ctx: SyncContext) {}
+  constructor(private readonly ctx: SyncContext) {
+    this.access = ctx.access;
+    this.published = ctx.published;
+  }
+
+  /** Waits for a credential: the stage had one that a restarted worker lost, and no publish brought it yet. */
+  private get waitingForCredential(): boolean {
+    return this.ctx.credentialExpected && !this.access.hasCredential;
+  }
+
+  /** Runs a git command against the remote with the volume's credential. */
+  private remote<T>(operation: (repo: SimpleGit) => Promise<T>): Promise<T> {
+    return this.access.run((options) => operation(this.ctx.store.repo(this.ctx.source.url, options)));
+  }
 
   private get labels(): ClaimLabels {
     return { namespace: this.ctx.claim.namespace, claim: this.ctx.claim.name || this.ctx.volumeId };
@@ -104,6 +135,7 @@ export class VolumeSync {
    */
   async start(classToApply: gitcsi.VolumeClass | undefined, fetched: boolean): Promise<void> {
     this.applyClass(classToApply);
+    this.warnIfHostKeyUnverified();
     await this.writeExcludes();
     await this.enqueue(() => this.reconcileAtStage(fetched));
     const treeDir = this.ctx.store.treeDir(this.ctx.volumeId);
@@ -146,6 +178,7 @@ export class VolumeSync {
     await fs.mkdir(this.ctx.store.volumeDir(this.ctx.volumeId), { recursive: true });
     await watcher.writeSnapshot(treeDir, this.snapshotFile());
     await fs.writeFile(this.pendingFile(), JSON.stringify([...this.changed, ...this.pending]));
+    this.access.close();
     this.ctx.metrics.forget(this.labels);
   }
 
@@ -165,7 +198,7 @@ export class VolumeSync {
    * person merged it.
    */
   private async reconcileAtStage(fetched: boolean): Promise<void> {
-    this.onSideBranch = (await fetchBranch(this.repo, this.sideBranch)) === "fetched";
+    this.onSideBranch = (await this.remote((repo) => fetchBranch(repo, this.sideBranch))) === "fetched";
     if (!fetched) {
       this.refDeleted = true;
       this.onSideBranch = true;
@@ -287,7 +320,7 @@ export class VolumeSync {
 
   /** The pod stopped: commit and push now, whatever the timers say. */
   flush(): Promise<{ pushed: boolean; message: string }> {
-    return this.sync("the pod stopped");
+    return this.sync(POD_STOPPED);
   }
 
   private sync(trigger: string): Promise<{ pushed: boolean; message: string }> {
@@ -296,7 +329,7 @@ export class VolumeSync {
       await this.refreshPending();
       if (!this.policy) return { pushed: this.unpushed === 0, message: "unarmed: nothing is committed or pushed" };
       await this.commit(trigger);
-      return this.push();
+      return this.push(trigger);
     });
   }
 
@@ -346,14 +379,20 @@ export class VolumeSync {
     this.publishMetrics();
   }
 
-  private async push(): Promise<{ pushed: boolean; message: string }> {
+  private async push(trigger: string): Promise<{ pushed: boolean; message: string }> {
     clearTimeout(this.latencyTimer);
     this.latencyTimer = undefined;
+    if (this.waitingForCredential) {
+      const message = "the driver restarted and holds no credential for the volume until the next publish brings the Secret";
+      // At pod stop nothing else will push: say so. Timed pushes just wait.
+      if (trigger === POD_STOPPED && this.unpushed > 0) return this.pushFailed(message);
+      return { pushed: this.unpushed === 0, message };
+    }
     if (this.onSideBranch) await this.tryToHeal();
     if (this.unpushed === 0 && !this.refDeleted) return { pushed: true, message: "nothing to push" };
     for (let attempt = 0; ; attempt++) {
       const head = await revParse(this.tree, "HEAD");
-      const result = await pushCommit(this.repo, head, this.pushBranch);
+      const result = await this.remote((repo) => pushCommit(repo, head, this.pushBranch));
       if (result.outcome === "pushed") return this.pushed();
       if (result.outcome === "failed") return this.pushFailed(result.message);
       if (this.onSideBranch) return this.pushFailed(`the side branch ${this.sideBranch} moved on the remote: ${result.message}`);
@@ -400,7 +439,7 @@ export class VolumeSync {
    * in one step. Returns why it could not, for the side branch's message.
    */
   private async rebaseOntoUpstream(): Promise<"rebased" | string> {
-    if ((await fetchBranch(this.repo, this.ctx.branch)) === "missing") {
+    if ((await this.remote((repo) => fetchBranch(repo, this.ctx.branch))) === "missing") {
       this.refDeleted = true;
       this.emit(Reason.RefDeleted, "Warning", `${this.ctx.branch} was deleted upstream; the volume's commits go to ${this.sideBranch} so nothing is lost`);
       return `${this.ctx.branch} was deleted upstream`;
@@ -449,7 +488,7 @@ export class VolumeSync {
   /** On the side branch: once a person merged it into the ref, the volume returns to the ref. */
   private async tryToHeal(): Promise<void> {
     const sidePushed = await revParse(this.repo, upstreamRef(this.sideBranch));
-    if ((await fetchBranch(this.repo, this.ctx.branch)) === "missing") return;
+    if ((await this.remote((repo) => fetchBranch(repo, this.ctx.branch))) === "missing") return;
     this.refDeleted = false;
     const upstream = await revParse(this.repo, upstreamRef(this.ctx.branch));
     if (sidePushed === "" || !(await isAncestor(this.repo, sidePushed, upstream))) return;
@@ -457,9 +496,56 @@ export class VolumeSync {
     const rebased = await this.rebaseInScratch(head, upstream);
     if (rebased === undefined || !(await moveTree(this.tree, `refs/heads/${volumeBranch(this.ctx.volumeId)}`, head, rebased))) return;
     this.onSideBranch = false;
-    await deleteBranch(this.repo, this.sideBranch);
+    await this.remote((repo) => deleteBranch(repo, this.sideBranch));
     this.emit(Reason.Healed, "Normal", `${this.sideBranch} was merged into ${this.ctx.branch}: the volume is back on ${this.ctx.branch} and the side branch is deleted`);
     await this.refreshUnpushed();
+  }
+
+  // ---- the credential -------------------------------------------------
+
+  /**
+   * A publish's Secret. The kubelet reads the Secret again for each publish,
+   * so a new one is a rotation and pushes what the remote lacks at once; but
+   * at the first publish after the stage, a Secret other than the stage's
+   * means two credentials for one volume, and the publish is refused.
+   */
+  async setCredential(data: Record<string, string>): Promise<void> {
+    const offered = fingerprint(data);
+    const firstPublish = !this.published;
+    this.published = true;
+    if (offered === "") {
+      if (this.ctx.stageFingerprint !== "" || this.ctx.credentialExpected) {
+        this.emit(
+          Reason.NoPublishSecret,
+          "Warning",
+          "the PersistentVolume has a nodeStageSecretRef but no nodePublishSecretRef: after a driver restart the volume pushes nothing until the pod is deleted and started again. Give the volume a new PersistentVolume with both references, before the next driver upgrade",
+        );
+      }
+      return;
+    }
+    if (firstPublish && this.ctx.stageFingerprint !== "" && offered !== this.ctx.stageFingerprint) {
+      this.emit(Reason.Refused, "Warning", "the publish Secret differs from the stage Secret: the driver cannot choose between two credentials for one volume; name one Secret in both nodeStageSecretRef and nodePublishSecretRef");
+      throw failedPrecondition(`volume ${this.ctx.volumeId}: the publish Secret differs from the stage Secret; name one Secret in both nodeStageSecretRef and nodePublishSecretRef`);
+    }
+    if (offered === this.publishFingerprint || (this.publishFingerprint === "" && offered === this.ctx.stageFingerprint && this.access.hasCredential)) {
+      this.publishFingerprint = offered;
+      return;
+    }
+    const next = await this.ctx.openAccess(data);
+    const previous = this.access;
+    this.access = next;
+    this.publishFingerprint = offered;
+    previous.close();
+    this.warnIfHostKeyUnverified();
+    this.ctx.logger.info("a publish brought a new credential; pushing what the remote lacks now", { volume: this.ctx.volumeId, operation: "credential" });
+    if (this.policy) await this.sync("a new credential");
+    else this.publishMetrics();
+  }
+
+  private warnIfHostKeyUnverified(): void {
+    if (!this.access.hostKeyVerified) {
+      this.emit(Reason.HostKeyUnverified, "Warning", "the volume's ssh Secret has no known_hosts: the server's host key was trusted on first sight; add known_hosts to the Secret to check it");
+    }
   }
 
   // ---- report, events, metrics ----------------------------------------
@@ -477,6 +563,7 @@ export class VolumeSync {
 
   abnormal(): string[] {
     const reasons: string[] = [];
+    if (this.waitingForCredential) reasons.push("waits for its credential: the driver restarted, and the next publish brings the Secret");
     if (this.onSideBranch) reasons.push(`diverged: pushes go to ${this.sideBranch} until it is merged into ${this.ctx.branch}`);
     if (this.refDeleted) reasons.push(`${this.ctx.branch} was deleted upstream`);
     if (this.lastPushError) reasons.push(`the last push failed: ${this.lastPushError}`);
@@ -495,6 +582,7 @@ export class VolumeSync {
     const waitingFor: string[] = [];
     if (this.policy && this.pending.size > 0) waitingFor.push(`${formatDuration(this.policy.quiesceMs)} of quiet before committing ${this.pending.size} path(s)`);
     if (this.unpushed > 0) waitingFor.push(`a push of ${this.unpushed} commit(s) to ${this.pushBranch}`);
+    if (this.waitingForCredential) waitingFor.push("its credential, from the next publish");
     return {
       volumeId: this.ctx.volumeId,
       claim: this.ctx.claim,

@@ -67,7 +67,8 @@ export function createMountOwner(deps: MountOwnerDeps): MountOwner {
       return {};
     }
     const volumeClass = existing?.volumeClass ?? (await provisionedClass(volumeId));
-    const planned: VolumeRecord = { ...(existing ?? { volumeId, source, accessMode: request.accessMode, targets: [] }), stagingPath, volumeClass };
+    const credentialExpected = Object.keys(request.credential?.data ?? {}).length > 0;
+    const planned: VolumeRecord = { ...(existing ?? { volumeId, source, accessMode: request.accessMode, targets: [] }), stagingPath, volumeClass, credentialExpected };
     const tree = await prepare(planned, request.credential);
     // The record is durable before the mount serves: a restarted mount owner finds every mount it made.
     const record: VolumeRecord = { ...planned, treePath: tree.treePath };
@@ -110,6 +111,9 @@ export function createMountOwner(deps: MountOwnerDeps): MountOwner {
       throw failedPrecondition(`volume ${volumeId} is not staged at ${stagingPath}; stage it before publishing`);
     }
     checkMode(record, request.accessMode);
+    // The Secret first, on every publish: the kubelet's republish is how a rotated
+    // Secret arrives, and a publish the worker refuses mounts nothing.
+    await call(worker.setCredential.bind(worker), { volumeId, credential: request.credential }, WORKER_TIMEOUT_MS);
     if (record.targets.includes(targetPath) && (await isMountPoint(targetPath))) return {};
     const others = record.targets.filter((t) => t !== targetPath);
     if (record.accessMode === gitcsi.AccessMode.READ_WRITE_ONCE_POD && others.length > 0) {
@@ -156,7 +160,19 @@ export function createMountOwner(deps: MountOwnerDeps): MountOwner {
   }
 
   async function prepare(record: VolumeRecord, credential?: gitcsi.Credential): Promise<gitWorker.PrepareTreeResponse> {
-    return call(worker.prepareTree.bind(worker), { volumeId: record.volumeId, source: record.source, credential, class: record.volumeClass, claim: undefined }, WORKER_TIMEOUT_MS);
+    return call(
+      worker.prepareTree.bind(worker),
+      {
+        volumeId: record.volumeId,
+        source: record.source,
+        credential,
+        class: record.volumeClass,
+        claim: undefined,
+        credentialExpected: record.credentialExpected ?? false,
+        published: record.targets.length > 0,
+      },
+      WORKER_TIMEOUT_MS,
+    );
   }
 
   const ownerInstance = randomUUID();

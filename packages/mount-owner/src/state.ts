@@ -19,6 +19,8 @@ export interface VolumeRecord {
   targets: string[];
   /** The class that arms the volume; none leaves it unarmed. */
   volumeClass?: gitcsi.VolumeClass;
+  /** The stage carried a Secret. Whether, never which: the Secret itself stays in memory. */
+  credentialExpected?: boolean;
 }
 
 /** Writes a file so that a crash leaves either the old or the new content: temp, fsync, rename, fsync the directory. */

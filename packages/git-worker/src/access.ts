@@ -1,0 +1,92 @@
+import { type ChildProcess, spawn } from "node:child_process";
+import { createHash } from "node:crypto";
+import * as fs from "node:fs/promises";
+import * as path from "node:path";
+import type { CredentialBroker } from "./broker";
+import type { GitCredential } from "./credential";
+
+/** What a git command that talks to the remote needs: -c settings and environment. */
+export interface RemoteOptions {
+  config: string[];
+  env: Record<string, string>;
+}
+
+const HELPER = path.join(__dirname, "credential-helper.js");
+
+/**
+ * How one volume reaches its remote with its credential, in memory only. An
+ * ssh key lives in an ssh-agent of the volume's own, fed on stdin (so no key
+ * file exists and no other volume's key is ever offered); an https credential
+ * is handed to git's credential helper per operation by the broker.
+ */
+export class RemoteAccess {
+  private constructor(
+    private readonly credential: GitCredential | undefined,
+    private readonly base: RemoteOptions,
+    private readonly broker: CredentialBroker,
+    private readonly agent?: ChildProcess,
+  ) {}
+
+  /** True unless an ssh credential came without known_hosts: then the first host key seen is trusted. */
+  get hostKeyVerified(): boolean {
+    return this.credential?.kind !== "ssh" || this.credential.knownHosts !== undefined;
+  }
+
+  get hasCredential(): boolean {
+    return this.credential !== undefined;
+  }
+
+  static async open(credential: GitCredential | undefined, volumeDir: string, socketDir: string, broker: CredentialBroker): Promise<RemoteAccess> {
+    // Never a prompt, never a user's or the system's helper or ssh config.
+    const config = ["credential.helper="];
+    const env: Record<string, string> = {};
+    if (credential?.kind !== "ssh") {
+      env.GIT_SSH_COMMAND = "ssh -F /dev/null -o BatchMode=yes";
+      return new RemoteAccess(credential, { config, env }, broker);
+    }
+    await fs.mkdir(volumeDir, { recursive: true });
+    let hostKeys: string[];
+    if (credential.knownHosts) {
+      const file = path.join(volumeDir, "known_hosts");
+      await fs.writeFile(file, credential.knownHosts.endsWith("\n") ? credential.knownHosts : `${credential.knownHosts}\n`);
+      hostKeys = ["-o", `UserKnownHostsFile=${file}`, "-o", "StrictHostKeyChecking=yes"];
+    } else {
+      hostKeys = ["-o", `UserKnownHostsFile=${path.join(volumeDir, "known_hosts.first-seen")}`, "-o", "StrictHostKeyChecking=accept-new"];
+    }
+    const socket = path.join(socketDir, `agent-${createHash("sha256").update(volumeDir).digest("hex").slice(0, 16)}.sock`);
+    const agent = await startAgent(socket, credential.privateKey);
+    env.GIT_SSH_COMMAND = ["ssh", "-F", "/dev/null", "-o", "BatchMode=yes", "-o", `IdentityAgent=${socket}`, "-o", "GlobalKnownHostsFile=/dev/null", ...hostKeys].join(" ");
+    return new RemoteAccess(credential, { config, env }, broker, agent);
+  }
+
+  /** Runs one git operation against the remote with the credential. */
+  run<T>(operation: (options: RemoteOptions) => Promise<T>): Promise<T> {
+    const credential = this.credential;
+    if (credential?.kind !== "basic" && credential?.kind !== "token") return operation(this.base);
+    const secret = credential.kind === "basic" ? { username: credential.username, password: credential.password } : { username: credential.username, password: credential.token };
+    return this.broker.withTicket(secret, (ticket) =>
+      operation({ ...this.base, config: [...this.base.config, `credential.helper=!"${process.execPath}" "${HELPER}" "${this.broker.socketPath}" ${ticket}`] }),
+    );
+  }
+
+  close(): void {
+    this.agent?.kill();
+  }
+}
+
+async function startAgent(socket: string, privateKey: string): Promise<ChildProcess> {
+  await fs.rm(socket, { force: true });
+  const agent = spawn("ssh-agent", ["-D", "-a", socket], { stdio: "ignore" });
+  for (let i = 0; i < 100 && !(await fs.stat(socket).then(() => true, () => false)); i++) await new Promise((r) => setTimeout(r, 20));
+  await new Promise<void>((resolve, reject) => {
+    const add = spawn("ssh-add", ["-q", "-"], { env: { PATH: process.env.PATH ?? "/usr/bin:/bin", SSH_AUTH_SOCK: socket }, stdio: ["pipe", "ignore", "pipe"] });
+    let stderr = "";
+    add.stderr.on("data", (c: Buffer) => (stderr += c.toString()));
+    add.once("exit", (code) => (code === 0 ? resolve() : reject(new Error(`the ssh-privatekey of the volume's Secret is not a usable key: ${stderr.trim()}`))));
+    add.stdin.end(privateKey);
+  }).catch((err: unknown) => {
+    agent.kill();
+    throw err;
+  });
+  return agent;
+}
