@@ -107,19 +107,34 @@ export async function createVolume(driver: Driver, name: string, url: string, mo
   return response.volume!;
 }
 
-export async function stageAndPublish(driver: Driver, volume: csi.Volume, mode = SINGLE_NODE_SINGLE_WRITER, pod = "app"): Promise<PublishedVolume> {
+export interface Secrets {
+  stage?: Record<string, string>;
+  publish?: Record<string, string>;
+}
+
+export async function stageAndPublish(driver: Driver, volume: csi.Volume, mode = SINGLE_NODE_SINGLE_WRITER, pod = "app", secrets: Secrets = {}): Promise<PublishedVolume> {
   const stagingPath = path.join(driver.dir, "staging", volume.volumeId);
   const targetPath = path.join(driver.dir, "pods", pod, "volume");
   await fs.mkdir(stagingPath, { recursive: true });
   await fs.mkdir(path.dirname(targetPath), { recursive: true });
   const capability = mountCapability(mode);
-  await call(driver.node.nodeStageVolume.bind(driver.node), csi.NodeStageVolumeRequest.fromPartial({ volumeId: volume.volumeId, stagingTargetPath: stagingPath, volumeCapability: capability, volumeContext: volume.volumeContext }), T);
   await call(
-    driver.node.nodePublishVolume.bind(driver.node),
-    csi.NodePublishVolumeRequest.fromPartial({ volumeId: volume.volumeId, stagingTargetPath: stagingPath, targetPath, volumeCapability: capability, volumeContext: volume.volumeContext }),
+    driver.node.nodeStageVolume.bind(driver.node),
+    csi.NodeStageVolumeRequest.fromPartial({ volumeId: volume.volumeId, stagingTargetPath: stagingPath, volumeCapability: capability, volumeContext: volume.volumeContext, secrets: secrets.stage ?? {} }),
     T,
   );
-  return { volumeId: volume.volumeId, context: volume.volumeContext, stagingPath, targetPath };
+  const published = { volumeId: volume.volumeId, context: volume.volumeContext, stagingPath, targetPath };
+  await publish(driver, published, secrets.publish ?? {}, mode);
+  return published;
+}
+
+/** NodePublishVolume, as the kubelet sends it at pod start and again on each pod sync with the Secret read afresh. */
+export async function publish(driver: Driver, volume: PublishedVolume, secrets: Record<string, string>, mode = SINGLE_NODE_SINGLE_WRITER): Promise<void> {
+  await call(
+    driver.node.nodePublishVolume.bind(driver.node),
+    csi.NodePublishVolumeRequest.fromPartial({ volumeId: volume.volumeId, stagingTargetPath: volume.stagingPath, targetPath: volume.targetPath, volumeCapability: mountCapability(mode), volumeContext: volume.context, secrets }),
+    T,
+  );
 }
 
 export async function unpublishAndUnstage(driver: Driver, volume: PublishedVolume): Promise<void> {

@@ -251,6 +251,8 @@ export async function startSshGitServer(): Promise<SshGitServer> {
       await rm(`${file}.pub`, { force: true });
       await run("ssh-keygen", ["-q", "-t", "ed25519", "-N", "", "-C", name, "-f", file]);
       const privateKey = await readFile(file, "utf8");
+      // The key lives in the test's memory only, so a scan of /tmp for key material finds none.
+      await rm(file, { force: true });
       const publicKey = (await readFile(`${file}.pub`, "utf8")).trim();
       if (keys.has(name)) throw new Error(`deploy key ${JSON.stringify(name)} already exists`);
       keys.set(name, `restrict,command="${forcedCommand}" ${publicKey}`);

@@ -9,6 +9,7 @@ import {
   metricsText,
   metricValue,
   modifyVolume,
+  publish,
   type PublishedVolume,
   reasons,
   report,
@@ -19,7 +20,35 @@ import {
   unpublishAndUnstage,
   waitFor,
 } from "../src/driver";
-import { type GitServer, startGitDaemon } from "../src/git-server";
+import { type BareRepoOps, runGit, startGitDaemon } from "../src/git-server";
+import { startHttpGitServer } from "../src/http-server";
+import { startSshGitServer } from "../src/ssh-server";
+
+/** A real git server of one transport, and the Secret data a volume of it needs. */
+type GitServer = BareRepoOps & { url(repo: string): string; stop(): Promise<void> };
+interface Transport {
+  name: string;
+  start(): Promise<{ server: GitServer; secret: Record<string, string> }>;
+}
+
+const TRANSPORTS: Transport[] = [
+  { name: "git daemon", start: async () => ({ server: await startGitDaemon(), secret: {} }) },
+  {
+    name: "ssh with a deploy key",
+    start: async () => {
+      const server = await startSshGitServer();
+      const key = await server.addDeployKey("write-path");
+      return { server, secret: { "ssh-privatekey": key.privateKey, known_hosts: server.hostKeyLine } };
+    },
+  },
+  {
+    name: "smart HTTP with a token",
+    start: async () => {
+      const server = await startHttpGitServer();
+      return { server, secret: { username: server.username, password: server.token } };
+    },
+  },
+];
 
 /** What the remote holds at a path of a branch, or undefined. */
 async function remoteFile(server: GitServer, repo: string, ref: string, file: string): Promise<string | undefined> {
@@ -40,13 +69,14 @@ async function refusePushes(server: GitServer, repo: string): Promise<() => Prom
   return () => fs.rm(hook);
 }
 
-describe("what happens after a write", () => {
+for (const transport of TRANSPORTS) describe(`what happens after a write, over ${transport.name}`, () => {
   let server: GitServer;
+  let secret: Record<string, string>;
   let driver: Driver;
   let n = 0;
 
   before(async () => {
-    server = await startGitDaemon();
+    ({ server, secret } = await transport.start());
     driver = await startDriver({ metricsPort: await freePort() });
   });
 
@@ -60,7 +90,7 @@ describe("what happens after a write", () => {
     const repo = `repo-${++n}.git`;
     await server.createRepo(repo, { files });
     const created = await createVolume(driver, `vol-${n}`, server.url(repo));
-    return { repo, volume: await stageAndPublish(driver, created, undefined, `pod-${n}`) };
+    return { repo, volume: await stageAndPublish(driver, created, undefined, `pod-${n}`, { stage: secret, publish: secret }) };
   }
 
   test("unarmed, the volume reports what it would commit and commits nothing; a class arms it; removing the class unarms it", async () => {
@@ -79,7 +109,10 @@ describe("what happens after a write", () => {
     await modifyVolume(driver, volume.volumeId, { ...FAST, "commit.author": "Home Assistant <homeassistant@home.example>" });
     await waitFor("a.txt pushed", () => remoteFile(server, repo, "main", "a.txt"));
     assert.equal(await server.git(repo, "log", "-1", "--format=%an <%ae>|%cn <%ce>", "main"), "Home Assistant <homeassistant@home.example>|Home Assistant <homeassistant@home.example>");
-    const armed = await report(driver, volume.volumeId);
+    const armed = await waitFor("the push recorded in the report", async () => {
+      const r = await report(driver, volume.volumeId);
+      return r.unpushedCommits === 0 && r.lastPushUnixMs > 0 && r;
+    });
     assert.equal(armed.armed, true);
     assert.deepEqual(armed.pendingPaths, []);
     assert.equal(armed.unpushedCommits, 0);
@@ -174,6 +207,16 @@ describe("what happens after a write", () => {
         }
       });
       await sh(`echo down > '${volume.targetPath}/while-down.txt'`);
+      if (Object.keys(secret).length > 0) {
+        // A restarted worker holds no credential, and says so, until the kubelet's next publish brings the Secret.
+        const waiting = await waitFor("the volume to wait for its credential", async () => {
+          const r = await report(driver, volume.volumeId);
+          return r.abnormal.some((a) => a.startsWith("waits for its credential")) && r;
+        });
+        assert.ok(waiting.waitingFor.includes("its credential, from the next publish"));
+        assert.equal(metricValue(await metricsText(driver), "git_csi_volume_abnormal", volume.volumeId), 1);
+        await publish(driver, volume, secret);
+      }
       await waitFor("the write pushed after the restart", () => remoteFile(server, repo, "main", "while-down.txt"), 20_000).catch((err) => { console.error(driver.logs().split("\n").filter((l) => /git-worker|worker_restart/.test(l) && !/"operation":"(probe)"/.test(l)).slice(-30).join("\n")); throw err; });
       // SIGTERM lets the watcher keep a snapshot; after SIGKILL one full status finds the write.
       const found = signal === "SIGTERM" ? /written while nothing watched, from the watcher's snapshot/ : /no watcher snapshot: one full git status/;
@@ -186,9 +229,9 @@ describe("what happens after a write", () => {
     const repo = "shared.git";
     await server.createRepo(repo);
     const stores = async () => (await fs.readdir(path.join(driver.stateDir, "repos"))).length;
-    const a = await stageAndPublish(driver, await createVolume(driver, "shared-a", server.url(repo)), undefined, "shared-a");
+    const a = await stageAndPublish(driver, await createVolume(driver, "shared-a", server.url(repo)), undefined, "shared-a", { stage: secret, publish: secret });
     const withOne = await stores();
-    const b = await stageAndPublish(driver, await createVolume(driver, "shared-b", server.url(repo)), undefined, "shared-b");
+    const b = await stageAndPublish(driver, await createVolume(driver, "shared-b", server.url(repo)), undefined, "shared-b", { stage: secret, publish: secret });
     assert.equal(await stores(), withOne, "the second volume of the URL made no second bare repository");
     assert.match(driver.logs(), /"message":"cloned the work tree"[^\n]*"volume":"shared-b"|"volume":"shared-b"[^\n]*"message":"cloned the work tree"/);
     await unpublishAndUnstage(driver, a);
@@ -264,10 +307,54 @@ describe("what happens after a write", () => {
     await unpublishAndUnstage(driver, volume);
   });
 
+  test("restore: a new volume against the same URL replays modes, owners and empty directories from refs/git-csi/metadata", async () => {
+    const { repo, volume } = await volumeOn();
+    await setVolumeClass(driver, volume.volumeId, FAST);
+    const t = volume.targetPath;
+    await sh(`mkdir -p '${t}/empty/nested' '${t}/secrets' && echo token > '${t}/secrets/api' && chmod 0600 '${t}/secrets/api' && chmod 0700 '${t}/secrets' && chown 1234:5678 '${t}/secrets/api' && echo run > '${t}/run.sh' && chmod 0755 '${t}/run.sh'`);
+    await waitFor("the metadata ref", async () => (await server.git(repo, "rev-parse", "--verify", "--quiet", "refs/git-csi/metadata").catch(() => "")) !== "" && (await remoteFile(server, repo, "main", "secrets/api")));
+    await waitFor("the metadata of secrets/api", async () => (await server.git(repo, "log", "-1", "-p", "refs/git-csi/metadata")).includes('"name":"api"'));
+    const files = (await server.git(repo, "ls-tree", "-r", "--name-only", "main")).split("\n");
+    assert.deepEqual(files.sort(), ["configuration.yaml", "run.sh", "secrets/api"], "metadata never appears in the branch's files");
+    await unpublishAndUnstage(driver, volume);
+
+    const restored = await stageAndPublish(driver, await createVolume(driver, `restore-${n}`, server.url(repo)), undefined, `restore-${n}`, { stage: secret, publish: secret });
+    const tree = path.join(driver.stateDir, "trees", restored.volumeId);
+    const stat = (p: string) => fs.lstat(path.join(tree, p));
+    assert.equal((await stat("secrets/api")).mode & 0o7777, 0o600);
+    assert.deepEqual([(await stat("secrets/api")).uid, (await stat("secrets/api")).gid], [1234, 5678]);
+    assert.equal((await stat("secrets")).mode & 0o7777, 0o700);
+    assert.equal((await stat("run.sh")).mode & 0o7777, 0o755);
+    assert.ok((await stat("empty/nested")).isDirectory(), "the empty directories came back");
+    assert.match(driver.logs(), /"message":"replayed modes, owners and empty directories"[^\n]*"volume":"restore-/);
+    await unpublishAndUnstage(driver, restored);
+  });
+
+  test("hostile metadata is refused with a log line and does not stop the stage", async () => {
+    const repo = `hostile-${++n}.git`;
+    await server.createRepo(repo, { files: { "a.txt": "a\n" } });
+    const gitDir = server.repoPath(repo);
+    const listing = ['{"dir":""}', '{"name":"..","type":"dir","mode":493,"uid":0,"gid":0}', '{"name":"a.txt","type":"file","mode":384,"uid":0,"gid":0}', '{"name":"kept","type":"dir","mode":448,"uid":0,"gid":0}'].join("\n") + "\n";
+    const blob = (await runGit(["--git-dir", gitDir, "hash-object", "-w", "--stdin"], { input: listing })).trim();
+    const index = path.join(driver.dir, `hostile-${n}.index`);
+    const env = { GIT_INDEX_FILE: index };
+    await runGit(["--git-dir", gitDir, "update-index", "--add", "--cacheinfo", `100644,${blob},main/da/da39a3ee5e6b4b0d3255bfef95601890afd80709`], { env });
+    const treeOid = (await runGit(["--git-dir", gitDir, "write-tree"], { env })).trim();
+    const commit = (await runGit(["--git-dir", gitDir, "commit-tree", treeOid, "-m", "hostile"])).trim();
+    await server.git(repo, "update-ref", "refs/git-csi/metadata", commit);
+
+    const volume = await stageAndPublish(driver, await createVolume(driver, `hostile-${n}`, server.url(repo)), undefined, `hostile-${n}`, { stage: secret, publish: secret });
+    const tree = path.join(driver.stateDir, "trees", volume.volumeId);
+    assert.equal((await fs.lstat(path.join(tree, "a.txt"))).mode & 0o7777, 0o600, "the good entries still apply");
+    assert.ok((await fs.lstat(path.join(tree, "kept"))).isDirectory());
+    assert.match(driver.logs(), /"operation":"replay_metadata"[^\n]*\.\.|\.\.[^\n]*"operation":"replay_metadata"/);
+    await unpublishAndUnstage(driver, volume);
+  });
+
   describe("at stage, the tree is compared to the ref", () => {
     async function restage(volume: PublishedVolume): Promise<PublishedVolume> {
       await unpublishAndUnstage(driver, volume);
-      return stageAndPublish(driver, { volumeId: volume.volumeId, volumeContext: volume.context, capacityBytes: 0, contentSource: undefined, accessibleTopology: [] }, undefined, `re-${volume.volumeId}`);
+      return stageAndPublish(driver, { volumeId: volume.volumeId, volumeContext: volume.context, capacityBytes: 0, contentSource: undefined, accessibleTopology: [] }, undefined, `re-${volume.volumeId}`, { stage: secret, publish: secret });
     }
 
     test("behind: the tree takes upstream", async () => {

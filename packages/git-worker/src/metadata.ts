@@ -3,6 +3,7 @@ import { constants as fsConstants, type Stats } from "node:fs";
 import * as fs from "node:fs/promises";
 import * as path from "node:path";
 import { simpleGit, type SimpleGit } from "simple-git";
+import { METADATA_REF } from "@git-csi/config";
 
 /**
  * Spec 004: "The driver records modes, owners, and empty directories on a ref
@@ -20,7 +21,6 @@ import { simpleGit, type SimpleGit } from "simple-git";
  * collide with a metadata path, and a commit rewrites only the blobs of the
  * directories it touched: the cost follows the change, not the tree.
  */
-export const METADATA_REF = "refs/git-csi/metadata";
 
 export type MetadataType = "file" | "dir" | "symlink";
 
@@ -410,6 +410,13 @@ class TreeView {
   }
 }
 
+/** A directory that vanished between lstat and readdir has no listing; any other error is the caller's. */
+function vanished(err: unknown): null {
+  const code = (err as NodeJS.ErrnoException | undefined)?.code;
+  if (code === "ENOENT" || code === "ENOTDIR") return null;
+  throw err;
+}
+
 /** Undoes git's C-style quoting of a path in command output. */
 function unquoteGitPath(line: string): string {
   if (!(line.length >= 2 && line.startsWith('"') && line.endsWith('"'))) return line;
@@ -434,15 +441,24 @@ function unquoteGitPath(line: string): string {
   return Buffer.from(bytes).toString("utf8");
 }
 
-/** The paths among these that git ignores in the work tree (tracked paths are never ignored). */
+/**
+ * The paths among these that git ignores in the work tree; tracked paths are
+ * never ignored. check-ignore takes no literal pathspecs (the store's tree git
+ * sets GIT_LITERAL_PATHSPECS), so it runs without them, each path behind "./"
+ * so that a leading ":" is no pathspec magic. A name with glob characters may
+ * then be taken for tracked and recorded: the error is on the side of keeping.
+ */
 async function ignoredAmong(tree: SimpleGit | undefined, paths: string[]): Promise<Set<string>> {
   const out = new Set<string>();
   if (!tree) return out;
   const asked = paths.filter((p) => p !== "");
   for (let i = 0; i < asked.length; i += ARG_BATCH) {
     // Exit status 1 with nothing on stderr means none is ignored: simple-git resolves it with "".
-    const text = await tree.raw(["check-ignore", "--", ...asked.slice(i, i + ARG_BATCH)]);
-    for (const line of text.split("\n")) if (line !== "") out.add(unquoteGitPath(line));
+    const text = await tree.raw(["--no-literal-pathspecs", "check-ignore", "--", ...asked.slice(i, i + ARG_BATCH).map((p) => `./${p}`)]);
+    for (const line of text.split("\n")) {
+      const p = unquoteGitPath(line);
+      if (p !== "") out.add(p.startsWith("./") ? p.slice(2) : p);
+    }
   }
   return out;
 }
@@ -450,18 +466,18 @@ async function ignoredAmong(tree: SimpleGit | undefined, paths: string[]): Promi
 // ---- recording ------------------------------------------------------------------
 
 /** git in the same repository as `repo`, with its own index and the metadata author. */
-async function privateGit(repo: SimpleGit, indexFile: string, author: { name: string; email: string }): Promise<SimpleGit> {
-  const gitDir = (await repo.raw(["rev-parse", "--absolute-git-dir"])).trim();
+function privateGit(gitDir: string, indexFile: string, author: { name: string; email: string }, env: Record<string, string> = {}): SimpleGit {
   return simpleGit({ baseDir: gitDir, trimmed: false }).env({
     PATH: process.env.PATH ?? "/usr/bin:/bin",
     HOME: process.env.HOME ?? "/",
     GIT_TERMINAL_PROMPT: "0",
     GIT_DIR: gitDir,
-    GIT_INDEX_FILE: path.resolve(indexFile),
+    GIT_INDEX_FILE: indexFile,
     GIT_AUTHOR_NAME: author.name,
     GIT_AUTHOR_EMAIL: author.email,
     GIT_COMMITTER_NAME: author.name,
     GIT_COMMITTER_EMAIL: author.email,
+    ...env,
   });
 }
 
@@ -479,12 +495,17 @@ async function privateGit(repo: SimpleGit, indexFile: string, author: { name: st
  *   its listing and those of every directory base had below it;
  * - a directory whose own entry changed updates its parent, and so on up.
  *
- * So the cost follows the changed paths and the size of the directories they
- * sit in, never the tree. The first record of a branch walks the whole tree.
- * The same tree, base and changed paths always give the same tree oid.
+ * So the cost follows the changed paths (and the listings of the directories
+ * they sit in, read from git as text), never the tree. The first record of a
+ * branch walks the whole tree. The same tree, base and changed paths always
+ * give the same tree oid. The caller moves METADATA_REF to the result (as a
+ * compare-and-swap from base) and pushes it; when the ref moved meanwhile,
+ * record again on top of where it is now with the same changed paths.
  */
 export async function recordMetadata(opts: RecordOptions): Promise<string> {
-  const git = await privateGit(opts.repo, opts.indexFile, opts.author);
+  const gitDir = (await opts.repo.raw(["rev-parse", "--absolute-git-dir"])).trim();
+  const indexFile = path.resolve(opts.indexFile);
+  const git = privateGit(gitDir, indexFile, opts.author);
   if (opts.base !== "" && (await git.raw(["rev-parse", "--verify", "--quiet", `${opts.base}^{commit}`])).trim() === "") {
     throw new Error(`the metadata base ${opts.base} is not a commit`);
   }
@@ -523,7 +544,8 @@ export async function recordMetadata(opts: RecordOptions): Promise<string> {
 
     // lstat what the wave needs, then ask git once which of it is ignored.
     const listed = new Map<string, MetadataEntry[] | null>();
-    for (const d of fullWave) listed.set(d, (await view.isDir(d)) ? await view.list(d) : null);
+    const lists = await inBatches(fullWave, async (d) => ((await view.isDir(d)) ? view.list(d).catch(vanished) : null), 16);
+    fullWave.forEach((d, i) => listed.set(d, lists[i]!));
     const patched: [string, Set<string>][] = [];
     for (const [d, names] of patchWave) {
       const usable = result.get(d) ?? base.get(d)?.entries;
@@ -607,42 +629,47 @@ export async function recordMetadata(opts: RecordOptions): Promise<string> {
   }
   if (writes.length === 0 && removes.length === 0) return opts.base;
 
-  const oids = await writeBlobs(git, path.dirname(path.resolve(opts.indexFile)), writes.map((w) => w.text));
-  await fs.mkdir(path.dirname(path.resolve(opts.indexFile)), { recursive: true });
-  // The index is the caller's own and rebuilt from base: a lock left by a crash is stale.
-  await fs.rm(`${path.resolve(opts.indexFile)}.lock`, { force: true });
-  await git.raw(opts.base === "" ? ["read-tree", "--empty"] : ["read-tree", opts.base]);
-  for (let i = 0; i < writes.length; i += ARG_BATCH) {
-    const args = writes.slice(i, i + ARG_BATCH).flatMap((w, j) => ["--cacheinfo", `100644,${oids[i + j]},${listingPath(opts.branch, w.dir)}`]);
-    await git.raw(["update-index", "--add", ...args]);
+  const near = path.dirname(indexFile);
+  await fs.mkdir(near, { recursive: true });
+  const scratch = await fs.mkdtemp(path.join(near, ".metadata-"));
+  try {
+    const oids = await writeBlobs(git, scratch, writes.map((w) => w.text));
+    // The index is the caller's own and rebuilt from base: a lock left by a crash is stale.
+    await fs.rm(`${indexFile}.lock`, { force: true });
+    await git.raw(opts.base === "" ? ["read-tree", "--empty"] : ["read-tree", opts.base]);
+    for (let i = 0; i < writes.length; i += ARG_BATCH) {
+      const args = writes.slice(i, i + ARG_BATCH).flatMap((w, j) => ["--cacheinfo", `100644,${oids[i + j]},${listingPath(opts.branch, w.dir)}`]);
+      await git.raw(["update-index", "--add", ...args]);
+    }
+    if (removes.length > 0) {
+      // update-index takes paths only with a work tree: an empty one it never reads.
+      const emptyTree = path.join(scratch, "work-tree");
+      await fs.mkdir(emptyTree);
+      const remover = privateGit(gitDir, indexFile, opts.author, { GIT_WORK_TREE: emptyTree });
+      for (let i = 0; i < removes.length; i += ARG_BATCH) {
+        await remover.raw(["update-index", "--force-remove", "--", ...removes.slice(i, i + ARG_BATCH)]);
+      }
+    }
+    const tree = (await git.raw(["write-tree"])).trim();
+    if (opts.base !== "" && tree === (await git.raw(["rev-parse", `${opts.base}^{tree}`])).trim()) return opts.base;
+    const message = `git-csi metadata: ${opts.branch}: ${writes.length} listing(s) written, ${removes.length} dropped`;
+    return (await git.raw(["commit-tree", tree, ...(opts.base === "" ? [] : ["-p", opts.base]), "-m", message])).trim();
+  } finally {
+    await fs.rm(scratch, { recursive: true, force: true });
   }
-  for (let i = 0; i < removes.length; i += ARG_BATCH) {
-    await git.raw(["update-index", "--force-remove", "--", ...removes.slice(i, i + ARG_BATCH)]);
-  }
-  const tree = (await git.raw(["write-tree"])).trim();
-  if (opts.base !== "" && tree === (await git.raw(["rev-parse", `${opts.base}^{tree}`])).trim()) return opts.base;
-  const message = `git-csi metadata: ${opts.branch}: ${writes.length} listing(s) written, ${removes.length} dropped`;
-  const commit = await git.raw(["commit-tree", tree, ...(opts.base === "" ? [] : ["-p", opts.base]), "-m", message]);
-  return commit.trim();
 }
 
-/** Writes blobs through temporary files: simple-git gives no stdin, and hash-object takes many files in one process. */
-async function writeBlobs(git: SimpleGit, near: string, texts: string[]): Promise<string[]> {
-  await fs.mkdir(near, { recursive: true });
-  const tmp = await fs.mkdtemp(path.join(near, ".metadata-blobs-"));
-  try {
-    const oids: string[] = [];
-    for (let i = 0; i < texts.length; i += ARG_BATCH) {
-      const files = texts.slice(i, i + ARG_BATCH).map((_, j) => path.join(tmp, String(i + j)));
-      await Promise.all(files.map((f, j) => fs.writeFile(f, texts[i + j]!, { mode: 0o600 })));
-      const out = (await git.raw(["hash-object", "-w", "--no-filters", "--", ...files])).split("\n").filter((l) => l !== "");
-      if (out.length !== files.length) throw new Error(`git hash-object wrote ${out.length} object(s) for ${files.length} listing(s)`);
-      oids.push(...out);
-    }
-    return oids;
-  } finally {
-    await fs.rm(tmp, { recursive: true, force: true });
+/** Writes blobs through files in a scratch directory: simple-git gives no stdin, and hash-object takes many files in one process. */
+async function writeBlobs(git: SimpleGit, scratch: string, texts: string[]): Promise<string[]> {
+  const oids: string[] = [];
+  for (let i = 0; i < texts.length; i += ARG_BATCH) {
+    const files = texts.slice(i, i + ARG_BATCH).map((_, j) => path.join(scratch, `listing-${i + j}`));
+    await Promise.all(files.map((f, j) => fs.writeFile(f, texts[i + j]!, { mode: 0o600 })));
+    const out = (await git.raw(["hash-object", "-w", "--no-filters", "--", ...files])).split("\n").filter((l) => l !== "");
+    if (out.length !== files.length) throw new Error(`git hash-object wrote ${out.length} object(s) for ${files.length} listing(s)`);
+    oids.push(...out);
   }
+  return oids;
 }
 
 // ---- replay ------------------------------------------------------------------
@@ -650,6 +677,15 @@ async function writeBlobs(git: SimpleGit, near: string, texts: string[]): Promis
 interface Pending {
   rel: string;
   entry: MetadataEntry;
+  /** What lstat saw before the replay; undefined for a directory the replay created. */
+  st?: Stats;
+}
+
+/** fn over items, `size` at a time, results in order. */
+async function inBatches<T, R>(items: T[], fn: (item: T) => Promise<R>, size = FS_BATCH): Promise<R[]> {
+  const out: R[] = [];
+  for (let i = 0; i < items.length; i += size) out.push(...(await Promise.all(items.slice(i, i + size).map(fn))));
+  return out;
 }
 
 /**
@@ -733,16 +769,16 @@ export async function replayMetadata(opts: ReplayOptions): Promise<ReplayResult>
       if (entries.length > 0) opts.log("metadata names a directory the tree does not hold; left as it is", { path: dir, branch: opts.branch });
       continue;
     }
-    for (const entry of entries) {
+    const stats = await inBatches(entries, (e) => fs.lstat(path.join(opts.treeDir, dir, e.name)).catch(() => null));
+    for (const [i, entry] of entries.entries()) {
       const rel = joinRel(dir, entry.name);
-      const abs = path.join(opts.treeDir, rel);
-      const st = await fs.lstat(abs).catch(() => null);
+      const st = stats[i]!;
       if (!st) {
         if (entry.type !== "dir") continue; // not in this checkout (ignored, or too large to commit)
         try {
-          await fs.mkdir(abs, { mode: 0o700 });
+          await fs.mkdir(path.join(opts.treeDir, rel), { mode: 0o700 });
         } catch (err) {
-          opts.log("could not create a directory the metadata names", { path: rel, error: String(err) });
+          opts.log("could not create a directory the metadata names", { path: rel, error: err instanceof Error ? err.message : String(err) });
           continue;
         }
         way.set(rel, "ok");
@@ -751,20 +787,34 @@ export async function replayMetadata(opts: ReplayOptions): Promise<ReplayResult>
         if (entry.type === "dir") way.set(rel, st.isSymbolicLink() ? "symlink" : "absent");
         continue;
       }
-      toApply.push({ rel, entry });
+      toApply.push({ rel, entry, st: st ?? undefined });
     }
   }
 
   // Files and symlinks first, then directories from the deepest up.
-  toApply.sort((a, b) => Number(a.entry.type === "dir") - Number(b.entry.type === "dir") || (a.entry.type === "dir" ? depthOf(b.rel) - depthOf(a.rel) : 0));
   let applied = 0;
-  for (const { rel, entry } of toApply) {
+  const apply = async ({ rel, entry, st }: Pending) => {
+    if (st && (st.mode & 0o7777) === entry.mode && st.uid === entry.uid && st.gid === entry.gid) {
+      applied++; // already as recorded
+      return;
+    }
     try {
       await applyEntry(path.join(opts.treeDir, rel), entry);
       applied++;
     } catch (err) {
       opts.log("could not apply a metadata entry", { path: rel, error: err instanceof Error ? err.message : String(err) });
     }
+  };
+  await inBatches(
+    toApply.filter((p) => p.entry.type !== "dir"),
+    apply,
+  );
+  const dirs = toApply.filter((p) => p.entry.type === "dir");
+  for (const depth of [...new Set(dirs.map((p) => depthOf(p.rel)))].sort((a, b) => b - a)) {
+    await inBatches(
+      dirs.filter((p) => depthOf(p.rel) === depth),
+      apply,
+    );
   }
   return { applied, refused };
 }

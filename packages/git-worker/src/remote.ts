@@ -1,5 +1,6 @@
 import { GitError, type SimpleGit } from "simple-git";
-import { upstreamRef } from "./store";
+import { METADATA_REF } from "@git-csi/config";
+import { UPSTREAM_METADATA, upstreamRef } from "./store";
 
 export type FetchResult = "fetched" | "missing";
 
@@ -25,25 +26,45 @@ export async function fetchBranch(repo: SimpleGit, branch: string): Promise<Fetc
   }
 }
 
+/** Fetches refs/git-csi/metadata; "" when the remote has none yet. */
+export async function fetchMetadata(repo: SimpleGit): Promise<string> {
+  try {
+    await repo.raw(["fetch", "--quiet", "--no-tags", "--no-write-fetch-head", "origin", `+${METADATA_REF}:${UPSTREAM_METADATA}`]);
+  } catch (err) {
+    const message = messageOf(err);
+    if (!/couldn't find remote ref/i.test(message)) throw new RemoteError(`fetch of ${METADATA_REF} failed: ${message}`);
+    await repo.raw(["update-ref", "-d", UPSTREAM_METADATA]).catch(() => undefined);
+    return "";
+  }
+  return (await repo.raw(["rev-parse", UPSTREAM_METADATA])).trim();
+}
+
 export type PushResult = { outcome: "pushed" } | { outcome: "rejected"; message: string } | { outcome: "failed"; message: string };
 
 /**
- * Pushes a commit to a branch as a compare-and-swap from the commit the node
+ * Pushes a commit to a branch (and a metadata commit, when given) as a compare-and-swap from the commit the node
  * last saw there (none: the branch must not exist), atomically with any other
  * ref updates given. So a branch that moved or was deleted upstream is never
  * overwritten or silently made again: that is "rejected", and a fetch tells
  * which. "failed" is anything else, such as a refused credential.
  */
-export async function pushCommit(repo: SimpleGit, commit: string, branch: string, extraRefspecs: string[] = []): Promise<PushResult> {
+export async function pushCommit(repo: SimpleGit, commit: string, branch: string, metadata?: { commit: string; expected: string }): Promise<PushResult> {
   const expected = (await repo.raw(["rev-parse", "--verify", "--quiet", upstreamRef(branch)]).catch(() => "")).trim();
+  const leases = [`--force-with-lease=refs/heads/${branch}:${expected}`];
+  const refspecs = [`${commit}:refs/heads/${branch}`];
+  if (metadata) {
+    leases.push(`--force-with-lease=${METADATA_REF}:${metadata.expected}`);
+    refspecs.push(`${metadata.commit}:${METADATA_REF}`);
+  }
   try {
-    await repo.raw(["push", "--porcelain", "--atomic", `--force-with-lease=refs/heads/${branch}:${expected}`, "origin", `${commit}:refs/heads/${branch}`, ...extraRefspecs]);
+    await repo.raw(["push", "--porcelain", "--atomic", ...leases, "origin", ...refspecs]);
   } catch (err) {
     const message = messageOf(err);
     if (/\[rejected\]|non-fast-forward|fetch first|\(stale info\)/.test(message)) return { outcome: "rejected", message };
     return { outcome: "failed", message };
   }
   await repo.raw(["update-ref", upstreamRef(branch), commit]);
+  if (metadata) await repo.raw(["update-ref", UPSTREAM_METADATA, metadata.commit]);
   return { outcome: "pushed" };
 }
 

@@ -36,8 +36,9 @@ export function gitWorkerService(store: Store, syncs: Syncs, broker: CredentialB
       const openAccess = async (secret: Record<string, string> | undefined) => RemoteAccess.open(parseCredential(secret), store.volumeDir(volumeId), store.socketDir(), broker);
       const existing = syncs.get(volumeId);
       const access = await openAccess(data);
+      const credentialExpected = request.credentialExpected || fingerprint(data) !== "";
       try {
-        const tree = await perRepository.run(store.repoDir(source.url), () => prepareTree(store, volumeId, source, access));
+        const tree = await perRepository.run(store.repoDir(source.url), () => prepareTree(store, volumeId, source, access, credentialExpected && !access.hasCredential));
         logger.info(tree.reused ? "reused the work tree the node kept" : "cloned the work tree", { volume: volumeId, operation: "prepare_tree", head: tree.head });
         if (existing) {
           access.close();
@@ -51,12 +52,12 @@ export function gitWorkerService(store: Store, syncs: Syncs, broker: CredentialB
             logger,
             metrics,
             access,
-            credentialExpected: request.credentialExpected || fingerprint(data) !== "",
+            credentialExpected,
             published: request.published,
             stageFingerprint: fingerprint(data),
             openAccess,
           });
-          await perRepository.run(store.repoDir(source.url), () => sync.start(request.class, tree.fetched)).catch((err: unknown) => {
+          await perRepository.run(store.repoDir(source.url), () => sync.start(request.class, tree.fetched, tree.reused)).catch((err: unknown) => {
             throw classError(err);
           });
           syncs.set(volumeId, sync);

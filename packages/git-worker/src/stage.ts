@@ -3,7 +3,7 @@ import * as path from "node:path";
 import { failedPrecondition, unavailable } from "@git-csi/protos";
 import type { gitcsi } from "@git-csi/protos";
 import type { RemoteAccess } from "./access";
-import { fetchBranch } from "./remote";
+import { type FetchResult, fetchBranch } from "./remote";
 import { branchOfRef, exists, missingRef, type Store, upstreamRef } from "./store";
 import { revParse } from "./tree";
 
@@ -11,8 +11,12 @@ export interface PreparedTree {
   treePath: string;
   head: string;
   reused: boolean;
-  /** False when the ref is gone upstream: a kept tree still serves, and its commits are not lost. */
-  fetched: boolean;
+  /**
+   * "missing" when the ref is gone upstream: a kept tree still serves, and its
+   * commits are not lost. "skipped" when the stage's Secret is not at hand (a
+   * restarted worker taking a staged volume back): nothing is compared yet.
+   */
+  fetched: FetchResult | "skipped";
 }
 
 /** The local branch a volume's work tree is on, in the shared bare repository. */
@@ -25,23 +29,23 @@ export function volumeBranch(volumeId: string): string {
  * volume's work tree: the one the node kept from an earlier stage, or a new
  * worktree checked out at the ref.
  */
-export async function prepareTree(store: Store, volumeId: string, source: gitcsi.VolumeSource, access: RemoteAccess): Promise<PreparedTree> {
+export async function prepareTree(store: Store, volumeId: string, source: gitcsi.VolumeSource, access: RemoteAccess, credentialMissing: boolean): Promise<PreparedTree> {
   const branch = branchOfRef(source.ref);
   const repo = await store.ensureRepo(source.url);
-  const fetched = await access.run((remote) => fetchBranch(store.repo(source.url, remote), branch)).then(
-    (result) => result === "fetched",
-    (err: Error) => {
-      throw unavailable(`${err.message} (${source.url})`);
-    },
-  );
   const treePath = store.treeDir(volumeId);
+  const fetched =
+    credentialMissing && (await exists(treePath))
+      ? "skipped"
+      : await access.run((remote) => fetchBranch(store.repo(source.url, remote), branch)).catch((err: Error) => {
+          throw unavailable(`${err.message} (${source.url})`);
+        });
   const gitDir = store.treeGitDir(source.url, volumeId);
   const [hasTree, hasGitDir] = await Promise.all([exists(treePath), exists(gitDir)]);
   if (hasTree && !hasGitDir) {
     throw failedPrecondition(`volume ${volumeId} has a work tree on this node that follows another repository than ${source.url}; give the volume a new volumeHandle, or delete the old PersistentVolume with reclaim policy Delete`);
   }
   if (!hasTree) {
-    if (!fetched) throw missingRef(source.url, branch);
+    if (fetched !== "fetched") throw missingRef(source.url, branch);
     if (hasGitDir) await repo.raw(["worktree", "unlock", treePath]).then(() => repo.raw(["worktree", "prune"]));
     await fs.mkdir(path.dirname(treePath), { recursive: true });
     await repo.raw(["worktree", "add", "--quiet", "--lock", "-B", volumeBranch(volumeId), treePath, upstreamRef(branch)]);

@@ -89,10 +89,19 @@ export function branchOfRef(ref: string): string {
   return branch;
 }
 
-/** The remote-tracking ref the bare repository keeps for a branch. */
+/**
+ * What the node last saw of a branch on the remote. The node's own refs live
+ * under refs/git-csi/upstream/, so the hourly collection finds the ones no
+ * volume follows by their prefix.
+ */
 export function upstreamRef(branch: string): string {
-  return `refs/remotes/origin/${branch}`;
+  return `${UPSTREAM_PREFIX}heads/${branch}`;
 }
+
+export const UPSTREAM_PREFIX = "refs/git-csi/upstream/";
+
+/** What the node last saw of refs/git-csi/metadata on the remote. */
+export const UPSTREAM_METADATA = `${UPSTREAM_PREFIX}metadata`;
 
 export function missingRef(url: string, branch: string): Error {
   return failedPrecondition(`ref ${branch} does not exist in ${url}; push a first commit to it (a .gitignore is a good one) and stage again`);

@@ -9,10 +9,11 @@ import type { SimpleGit } from "simple-git";
 import { failedPrecondition } from "@git-csi/protos";
 import type { RemoteAccess } from "./access";
 import { fingerprint } from "./credential";
-import { deleteBranch, fetchBranch, pushCommit, RemoteError } from "./remote";
+import { recordMetadata, replayMetadata } from "./metadata";
+import { deleteBranch, fetchBranch, fetchMetadata, pushCommit, RemoteError } from "./remote";
 import { type Store, upstreamRef } from "./store";
 import { countCommits, isAncestor, moveTree, revParse, stagedPaths, stagePaths, statusOf } from "./tree";
-import { volumeBranch } from "./stage";
+import { type PreparedTree, volumeBranch } from "./stage";
 
 /** Paths the driver never commits: libfuse's names for open, unlinked files. */
 const ALWAYS_IGNORED = [".fuse_hidden*"];
@@ -55,6 +56,8 @@ export class VolumeSync {
   private readonly changed = new Set<string>();
   /** Changed paths, not ignored, not committed. */
   private readonly pending = new Set<string>();
+  /** Every path the watcher saw since the last push, for refs/git-csi/metadata: modes and empty directories too. */
+  private readonly metadataChanged = new Set<string>();
   private readonly skipped = new Map<string, number>();
   private fullScan = false;
   private subscription?: watcher.AsyncSubscription;
@@ -133,11 +136,11 @@ export class VolumeSync {
    * there is none; and the quiesce starts now, so they are committed when it
    * passes.
    */
-  async start(classToApply: gitcsi.VolumeClass | undefined, fetched: boolean): Promise<void> {
+  async start(classToApply: gitcsi.VolumeClass | undefined, fetched: PreparedTree["fetched"], reused: boolean): Promise<void> {
     this.applyClass(classToApply);
     this.warnIfHostKeyUnverified();
     await this.writeExcludes();
-    await this.enqueue(() => this.reconcileAtStage(fetched));
+    await this.enqueue(() => (reused ? this.reconcileAtStage(fetched) : this.replayMetadata()));
     const treeDir = this.ctx.store.treeDir(this.ctx.volumeId);
     const snapshot = this.snapshotFile();
     const saved = await fs.readFile(this.pendingFile(), "utf8").then((t) => JSON.parse(t) as string[], () => undefined);
@@ -145,7 +148,7 @@ export class VolumeSync {
     if (saved && (await fs.stat(snapshot).then(() => true, () => false))) {
       for (const p of saved) this.changed.add(p);
       const since = await watcher.getEventsSince(treeDir, snapshot);
-      for (const event of since) this.changed.add(path.relative(treeDir, event.path));
+      for (const event of since) this.noteChange(path.relative(treeDir, event.path));
       this.ctx.logger.info(`${since.length} path(s) written while nothing watched, from the watcher's snapshot`, log);
     } else {
       this.fullScan = true;
@@ -158,7 +161,7 @@ export class VolumeSync {
         this.ctx.logger.warn("the watcher lost events; the next commit scans the whole tree", { volume: this.ctx.volumeId, operation: "watch", error: err.message });
         this.fullScan = true;
       }
-      for (const event of events) this.changed.add(path.relative(treeDir, event.path));
+      for (const event of events) this.noteChange(path.relative(treeDir, event.path));
       this.onWrite();
     });
     await this.enqueue(() => this.refreshPending());
@@ -197,9 +200,14 @@ export class VolumeSync {
    * side branch on the remote means the volume still pushes there, unless a
    * person merged it.
    */
-  private async reconcileAtStage(fetched: boolean): Promise<void> {
+  private async reconcileAtStage(fetched: PreparedTree["fetched"]): Promise<void> {
+    if (fetched === "skipped") {
+      // The side branch the node last pushed tells where pushes go until the credential allows a fetch.
+      this.onSideBranch = (await revParse(this.repo, upstreamRef(this.sideBranch))) !== "";
+      return;
+    }
     this.onSideBranch = (await this.remote((repo) => fetchBranch(repo, this.sideBranch))) === "fetched";
-    if (!fetched) {
+    if (fetched === "missing") {
       this.refDeleted = true;
       this.onSideBranch = true;
       this.emit(Reason.RefDeleted, "Warning", `${this.ctx.branch} was deleted upstream; the volume's commits go to ${this.sideBranch} so nothing is lost`);
@@ -271,6 +279,11 @@ export class VolumeSync {
   }
 
   // ---- writes, quiesce and latency ------------------------------------
+
+  private noteChange(relative: string): void {
+    this.changed.add(relative);
+    this.metadataChanged.add(relative);
+  }
 
   private onWrite(): void {
     if (this.stopped) return;
@@ -389,11 +402,16 @@ export class VolumeSync {
       return { pushed: this.unpushed === 0, message };
     }
     if (this.onSideBranch) await this.tryToHeal();
-    if (this.unpushed === 0 && !this.refDeleted) return { pushed: true, message: "nothing to push" };
+    if (this.unpushed === 0 && !this.refDeleted && this.metadataChanged.size === 0) return { pushed: true, message: "nothing to push" };
     for (let attempt = 0; ; attempt++) {
       const head = await revParse(this.tree, "HEAD");
-      const result = await this.remote((repo) => pushCommit(repo, head, this.pushBranch));
-      if (result.outcome === "pushed") return this.pushed();
+      const recorded = [...this.metadataChanged];
+      const metadata = await this.recordMetadata(recorded);
+      const result = await this.remote((repo) => pushCommit(repo, head, this.pushBranch, metadata));
+      if (result.outcome === "pushed") {
+        for (const p of recorded) this.metadataChanged.delete(p);
+        return this.pushed();
+      }
       if (result.outcome === "failed") return this.pushFailed(result.message);
       if (this.onSideBranch) return this.pushFailed(`the side branch ${this.sideBranch} moved on the remote: ${result.message}`);
       if (attempt === REBASE_ATTEMPTS) {
@@ -431,6 +449,41 @@ export class VolumeSync {
     return { pushed: false, message };
   }
 
+  /**
+   * Records the modes, owners and empty directories of the changed paths on
+   * top of the remote's latest refs/git-csi/metadata, which other volumes of
+   * the repository update too. Undefined when nothing changed.
+   */
+  private async recordMetadata(changedPaths: string[]): Promise<{ commit: string; expected: string } | undefined> {
+    if (changedPaths.length === 0) return undefined;
+    const expected = await this.remote((repo) => fetchMetadata(repo));
+    const commit = await recordMetadata({
+      repo: this.repo,
+      treeDir: this.ctx.store.treeDir(this.ctx.volumeId),
+      branch: this.ctx.branch,
+      base: expected,
+      changedPaths,
+      indexFile: path.join(this.ctx.store.volumeDir(this.ctx.volumeId), "metadata.index"),
+      author: this.policy!.author,
+      tree: this.tree,
+    });
+    return commit === expected ? undefined : { commit, expected };
+  }
+
+  /** A restore: a new tree takes the modes, owners and empty directories the metadata ref recorded. */
+  private async replayMetadata(): Promise<void> {
+    const metadata = await this.remote((repo) => fetchMetadata(repo));
+    if (metadata === "") return;
+    const result = await replayMetadata({
+      repo: this.repo,
+      treeDir: this.ctx.store.treeDir(this.ctx.volumeId),
+      branch: this.ctx.branch,
+      metadata,
+      log: (message, fields) => this.ctx.logger.warn(message, { volume: this.ctx.volumeId, operation: "replay_metadata", ...fields }),
+    });
+    this.ctx.logger.info("replayed modes, owners and empty directories", { volume: this.ctx.volumeId, operation: "replay_metadata", applied: result.applied, refused: result.refused.length });
+  }
+
   // ---- upstream moves -------------------------------------------------
 
   /**
@@ -446,6 +499,8 @@ export class VolumeSync {
     }
     const upstream = await revParse(this.repo, upstreamRef(this.ctx.branch));
     const head = await revParse(this.tree, "HEAD");
+    // Only the metadata ref moved (another volume of the repository pushed): nothing to rebase.
+    if (await isAncestor(this.repo, upstream, head)) return "rebased";
     const rebased = await this.rebaseInScratch(head, upstream);
     if (rebased === undefined) return `rebasing onto ${this.ctx.branch} conflicted and was aborted`;
     if (!(await moveTree(this.tree, `refs/heads/${volumeBranch(this.ctx.volumeId)}`, head, rebased))) {

@@ -2,9 +2,11 @@ import { randomUUID } from "node:crypto";
 import * as fs from "node:fs/promises";
 import { KeyedSerial } from "@git-csi/config";
 import type { Logger } from "@git-csi/logging";
+import { status } from "@grpc/grpc-js";
 import {
   alreadyExists,
   call,
+  type CsiError,
   failedPrecondition,
   gitcsi,
   gitWorker,
@@ -111,14 +113,19 @@ export function createMountOwner(deps: MountOwnerDeps): MountOwner {
       throw failedPrecondition(`volume ${volumeId} is not staged at ${stagingPath}; stage it before publishing`);
     }
     checkMode(record, request.accessMode);
-    // The Secret first, on every publish: the kubelet's republish is how a rotated
-    // Secret arrives, and a publish the worker refuses mounts nothing.
-    await call(worker.setCredential.bind(worker), { volumeId, credential: request.credential }, WORKER_TIMEOUT_MS);
-    if (record.targets.includes(targetPath) && (await isMountPoint(targetPath))) return {};
     const others = record.targets.filter((t) => t !== targetPath);
     if (record.accessMode === gitcsi.AccessMode.READ_WRITE_ONCE_POD && others.length > 0) {
       throw failedPrecondition(`volume ${volumeId} is ReadWriteOncePod and already published at ${others.join(", ")}`);
     }
+    // The Secret first, on every publish: the kubelet's republish is how a rotated
+    // Secret arrives, and a publish the worker refuses mounts nothing.
+    await call(worker.setCredential.bind(worker), { volumeId, credential: request.credential }, WORKER_TIMEOUT_MS).catch(async (err: CsiError) => {
+      // A worker that restarted since the stage knows nothing of the volume yet: hand it over with this Secret.
+      if (err.code !== status.NOT_FOUND) throw err;
+      live.workerInstance = (await prepare(record, request.credential)).workerInstance;
+      await call(worker.setCredential.bind(worker), { volumeId, credential: request.credential }, WORKER_TIMEOUT_MS);
+    });
+    if (record.targets.includes(targetPath) && (await isMountPoint(targetPath))) return {};
     await fs.mkdir(targetPath, { recursive: true });
     await bindMount(stagingPath, targetPath, request.readonly);
     await state.volumes.put(volumeId, { ...record, targets: [...others, targetPath] });
