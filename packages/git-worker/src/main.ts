@@ -1,18 +1,31 @@
 #!/usr/bin/env node
 import type * as http from "node:http";
-import { parseFlags, UsageError } from "@git-csi/config";
-import { createLogger, logLifecycle } from "@git-csi/logging";
+import { parseDuration, parseFlags, UsageError } from "@git-csi/config";
+import { createLogger, type Logger, logLifecycle } from "@git-csi/logging";
 import { DriverMetrics, serveMetrics } from "@git-csi/metrics";
 import { gitWorker, serveUnix, stopServer } from "@git-csi/protos";
 import * as path from "node:path";
 import { CredentialBroker } from "./broker";
+import { collectGarbage } from "./gc";
 import { gitWorkerService, type Syncs } from "./service";
 import { Store } from "./store";
+
+/** One collection at a time; a failure is logged and the next one tries again. */
+function serialCollector(store: Store, logger: Logger): () => Promise<void> {
+  let running: Promise<void> = Promise.resolve();
+  return () => {
+    running = running.then(() => collectGarbage(store, logger)).catch((err: Error) => {
+        logger.error(`collecting the git store failed: ${err.message}`, { operation: "gc" });
+      });
+    return running;
+  };
+}
 
 async function main(): Promise<void> {
   const flags = parseFlags(process.argv.slice(2), "git-worker", "The only git.liken.sh process that runs git: clones, fetches, commits and pushes each volume's work tree.", [
     { name: "state-dir", help: "directory holding the node's bare repositories and work trees", required: true },
     { name: "listen", help: "unix socket this worker serves, unix:///path/git-worker.sock", required: true },
+    { name: "gc-interval", help: "how often to collect the node's git store: refs no volume follows, repositories no tree names, git gc", default: "1h" },
     { name: "metrics-address", help: "host:port of the /metrics listener and the per-volume reports at /volumes/<volume>; empty for none", default: "" },
   ]);
   const logger = createLogger("git-worker");
@@ -21,7 +34,11 @@ async function main(): Promise<void> {
   const syncs: Syncs = new Map();
   const broker = new CredentialBroker(path.join(store.socketDir(), "credentials.sock"));
   await broker.start();
-  const server = await serveUnix(flags.listen!, [{ definition: gitWorker.GitWorkerService, implementation: gitWorkerService(store, syncs, broker, metrics, logger) }]);
+  const collect = serialCollector(store, logger);
+  const gcIntervalMs = parseDuration(flags["gc-interval"]!);
+  if (gcIntervalMs === undefined) throw new UsageError(`git-worker: --gc-interval ${flags["gc-interval"]} must be a duration such as 1h`);
+  const gcTimer = setInterval(() => void collect(), gcIntervalMs);
+  const server = await serveUnix(flags.listen!, [{ definition: gitWorker.GitWorkerService, implementation: gitWorkerService(store, syncs, broker, metrics, logger, collect) }]);
   let listener: http.Server | undefined;
   if (flags["metrics-address"]) {
     listener = await serveMetrics(flags["metrics-address"], metrics, [
@@ -35,6 +52,7 @@ async function main(): Promise<void> {
     ]);
   }
   logLifecycle(logger, async () => {
+    clearInterval(gcTimer);
     // Each watcher keeps a snapshot, so writes made while the worker is down are committed after it starts.
     await Promise.all([...syncs.values()].map((s) => s.stop()));
     listener?.close();

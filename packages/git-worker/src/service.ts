@@ -2,7 +2,8 @@ import { randomUUID } from "node:crypto";
 import { branchOf, ClassParameterError, KeyedSerial } from "@git-csi/config";
 import type { Logger } from "@git-csi/logging";
 import type { DriverMetrics } from "@git-csi/metrics";
-import { type gitWorker, invalidArgument, notFound, required, unary } from "@git-csi/protos";
+import { failedPrecondition, type gitWorker, invalidArgument, notFound, required, unary } from "@git-csi/protos";
+import { rememberSource, removeTree } from "./gc";
 import { RemoteAccess } from "./access";
 import type { CredentialBroker } from "./broker";
 import { fingerprint, parseCredential } from "./credential";
@@ -13,7 +14,7 @@ import { VolumeSync } from "./sync";
 /** The volumes this worker watches, by volume id. */
 export type Syncs = Map<string, VolumeSync>;
 
-export function gitWorkerService(store: Store, syncs: Syncs, broker: CredentialBroker, metrics: DriverMetrics, logger: Logger): gitWorker.GitWorkerServer {
+export function gitWorkerService(store: Store, syncs: Syncs, broker: CredentialBroker, metrics: DriverMetrics, logger: Logger, collect: () => Promise<void>): gitWorker.GitWorkerServer {
   // Git operations on one bare repository run one at a time: fetches and
   // worktree changes of two volumes of one URL would race for its locks.
   const perRepository = new KeyedSerial();
@@ -39,6 +40,7 @@ export function gitWorkerService(store: Store, syncs: Syncs, broker: CredentialB
       const credentialExpected = request.credentialExpected || fingerprint(data) !== "";
       try {
         const tree = await perRepository.run(store.repoDir(source.url), () => prepareTree(store, volumeId, source, access, credentialExpected && !access.hasCredential));
+        await rememberSource(store, volumeId, source);
         logger.info(tree.reused ? "reused the work tree the node kept" : "cloned the work tree", { volume: volumeId, operation: "prepare_tree", head: tree.head });
         if (existing) {
           access.close();
@@ -92,6 +94,15 @@ export function gitWorkerService(store: Store, syncs: Syncs, broker: CredentialB
       await syncs.get(volumeId)?.stop();
       syncs.delete(volumeId);
       return {};
+    }),
+
+    removeTree: unary("remove_tree", logger, async (request: gitWorker.RemoveTreeRequest) => {
+      const volumeId = required(request.volumeId, "volume_id");
+      const source = required(request.source, "source");
+      if (syncs.has(volumeId)) throw failedPrecondition(`volume ${volumeId} is staged on this node; its tree is removed only after the unstage`);
+      const removed = await perRepository.run(store.repoDir(source.url), () => removeTree(store, volumeId, source, logger));
+      if (removed.removed) await collect();
+      return removed;
     }),
 
     getReport: unary("report", logger, async (request: gitWorker.GetReportRequest) => syncOf(required(request.volumeId, "volume_id")).report()),

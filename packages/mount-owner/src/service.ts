@@ -226,7 +226,14 @@ export function createMountOwner(deps: MountOwnerDeps): MountOwner {
         return { volume: wanted };
       });
     }),
+    // A provisioned volume is deleted with reclaim policy Delete: this node's tree goes too. The remote never does.
     deleteVolume: serialized("delete_volume", async (_request: mountOwner.DeleteVolumeRequest, volumeId) => {
+      const record = await state.volumes.get(volumeId);
+      if (record?.stagingPath !== undefined) throw failedPrecondition(`volume ${volumeId} is staged at ${record.stagingPath}; unstage it before deleting it`);
+      if (record) {
+        await call(worker.removeTree.bind(worker), { volumeId, source: record.source }, WORKER_TIMEOUT_MS);
+        await state.volumes.remove(volumeId);
+      }
       await state.provisioned.remove(volumeId);
       return {};
     }),

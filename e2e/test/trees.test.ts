@@ -1,0 +1,77 @@
+import assert from "node:assert/strict";
+import * as fs from "node:fs/promises";
+import * as path from "node:path";
+import { after, before, describe, test } from "node:test";
+import { call, csi } from "@git-csi/protos";
+import { createVolume, type Driver, freePort, report, setVolumeClass, sh, stageAndPublish, startDriver, unpublishAndUnstage, waitFor } from "../src/driver";
+import { type GitServer, runGit, startGitDaemon } from "../src/git-server";
+
+const FAST = { "push.quiesce": "1s", "push.maxLatency": "1m" };
+
+describe("work trees the node keeps", () => {
+  let server: GitServer;
+  let driver: Driver;
+
+  before(async () => {
+    server = await startGitDaemon();
+    driver = await startDriver({ metricsPort: await freePort() });
+  });
+
+  after(async () => {
+    await driver?.stop();
+    await server?.stop();
+  });
+
+  const deleteVolume = (volumeId: string) => call(driver.controller.deleteVolume.bind(driver.controller), csi.DeleteVolumeRequest.fromPartial({ volumeId }), 60_000);
+  const trees = async () => fs.readdir(path.join(driver.stateDir, "trees")).catch(() => [] as string[]);
+  const repos = async () => fs.readdir(path.join(driver.stateDir, "repos")).catch(() => [] as string[]);
+
+  test("Delete removes the tree, says it held a commit no push sent, and never touches the remote", async () => {
+    await server.createRepo("deleted.git");
+    const volume = await stageAndPublish(driver, await createVolume(driver, "to-delete", server.url("deleted.git")));
+    await setVolumeClass(driver, volume.volumeId, FAST);
+    const hook = path.join(server.repoPath("deleted.git"), "hooks", "pre-receive");
+    await fs.writeFile(hook, "#!/bin/sh\nexit 1\n", { mode: 0o755 });
+    await sh(`echo lost > '${volume.targetPath}/lost.txt'`);
+    await waitFor("a failed push", async () => (await report(driver, volume.volumeId)).pushFailures > 0);
+    await unpublishAndUnstage(driver, volume);
+    await fs.rm(hook);
+    const remoteBefore = await server.git("deleted.git", "for-each-ref");
+    assert.ok((await trees()).includes("to-delete"), "unstage keeps the tree");
+
+    await deleteVolume("to-delete");
+    assert.ok(!(await trees()).includes("to-delete"));
+    assert.match(driver.logs(), /removed the work tree [^"]*to-delete; it held 1 commit\(s\) no push sent/);
+    assert.equal(await server.git("deleted.git", "for-each-ref"), remoteBefore, "the remote is never deleted or changed");
+    await deleteVolume("to-delete");
+  });
+
+  test("a staged volume is not deleted", async () => {
+    await server.createRepo("busy.git");
+    const volume = await stageAndPublish(driver, await createVolume(driver, "busy", server.url("busy.git")));
+    await assert.rejects(deleteVolume("busy"), /volume busy is staged at .*; unstage it before deleting it/);
+    assert.ok((await trees()).includes("busy"));
+    await unpublishAndUnstage(driver, volume);
+    await deleteVolume("busy");
+  });
+
+  test("after each removal: refs no volume follows go, a repository no tree names goes, the rest are collected", async () => {
+    await server.createRepo("two.git");
+    const a = await stageAndPublish(driver, await createVolume(driver, "two-a", server.url("two.git")), undefined, "two-a");
+    const b = await stageAndPublish(driver, await createVolume(driver, "two-b", server.url("two.git")), undefined, "two-b");
+    await server.commitFiles("two.git", { "x.txt": "x\n" }, { branch: "other" });
+    const nodeRepo = (await Promise.all((await repos()).map(async (r) => ((await runGit(["--git-dir", path.join(driver.stateDir, "repos", r), "config", "remote.origin.url"])).trim() === server.url("two.git") ? r : undefined)))).find(Boolean)!;
+    const gitDir = path.join(driver.stateDir, "repos", nodeRepo);
+    // A ref that no volume follows, as a volume of another branch would have left it.
+    await runGit(["--git-dir", gitDir, "fetch", "-q", "origin", "+refs/heads/other:refs/git-csi/upstream/heads/other"]);
+    await unpublishAndUnstage(driver, a);
+    await unpublishAndUnstage(driver, b);
+    await deleteVolume("two-a");
+    const refs = (await runGit(["--git-dir", gitDir, "for-each-ref", "--format=%(refname)", "refs/git-csi/upstream/heads/"])).trim().split("\n");
+    assert.deepEqual(refs, ["refs/git-csi/upstream/heads/main"], "only the ref two-b follows stays");
+    assert.match(driver.logs(), /"message":"collected [^"]*"/);
+    await deleteVolume("two-b");
+    assert.ok(!(await repos()).includes(nodeRepo), "no tree names the repository any more");
+    assert.match(driver.logs(), /removed the bare repository [^"]*: no work tree follows it/);
+  });
+});

@@ -1,0 +1,83 @@
+import * as fs from "node:fs/promises";
+import * as path from "node:path";
+import { sideBranchOf } from "@git-csi/config";
+import type { Logger } from "@git-csi/logging";
+import type { gitcsi, gitWorker } from "@git-csi/protos";
+import { volumeBranch } from "./stage";
+import { branchOfRef, exists, type Store, UPSTREAM_PREFIX, upstreamRef } from "./store";
+import { countCommits, revParse } from "./tree";
+
+/** What the worker remembers of a volume whose tree it keeps: the source it follows. */
+export async function rememberSource(store: Store, volumeId: string, source: gitcsi.VolumeSource): Promise<void> {
+  await fs.mkdir(store.volumeDir(volumeId), { recursive: true });
+  await fs.writeFile(path.join(store.volumeDir(volumeId), "source.json"), `${JSON.stringify(source)}\n`);
+}
+
+async function keptTrees(store: Store): Promise<Array<{ volumeId: string; source: gitcsi.VolumeSource }>> {
+  const trees = await fs.readdir(path.join(store.stateDir, "trees")).catch(() => [] as string[]);
+  const out = [];
+  for (const volumeId of trees) {
+    const source = await fs.readFile(path.join(store.volumeDir(volumeId), "source.json"), "utf8").then((t) => JSON.parse(t) as gitcsi.VolumeSource, () => undefined);
+    if (source) out.push({ volumeId, source });
+  }
+  return out;
+}
+
+/**
+ * Removes a volume's work tree and everything the node kept for it. The log
+ * says whether it held a commit no push sent or a side branch, since those
+ * are lost with it; the remote is never touched.
+ */
+export async function removeTree(store: Store, volumeId: string, source: gitcsi.VolumeSource, logger: Logger): Promise<gitWorker.RemoveTreeResponse> {
+  const treePath = store.treeDir(volumeId);
+  if (!(await exists(treePath))) return { removed: false, unpushedCommits: 0, hadSideBranch: false };
+  const repo = store.repo(source.url);
+  const branch = branchOfRef(source.ref);
+  const side = sideBranchOf(branch, volumeId);
+  const head = await revParse(repo, `refs/heads/${volumeBranch(volumeId)}`);
+  const sidePushed = await revParse(repo, upstreamRef(side));
+  const unpushedCommits = head === "" ? 0 : await countCommits(repo, sidePushed || (await revParse(repo, upstreamRef(branch))), head);
+  await fs.rm(treePath, { recursive: true, force: true });
+  await fs.rm(store.scratchDir(volumeId), { recursive: true, force: true });
+  await repo.raw(["worktree", "unlock", treePath]).catch(() => undefined);
+  await repo.raw(["worktree", "prune"]);
+  await repo.raw(["update-ref", "-d", `refs/heads/${volumeBranch(volumeId)}`]).catch(() => undefined);
+  await fs.rm(store.volumeDir(volumeId), { recursive: true, force: true });
+  const held = [unpushedCommits > 0 ? `${unpushedCommits} commit(s) no push sent` : "", sidePushed !== "" ? `the side branch ${side}` : ""].filter(Boolean);
+  logger.log(held.length > 0 ? "warn" : "info", `removed the work tree ${treePath}${held.length > 0 ? `; it held ${held.join(" and ")}` : "; every commit in it was pushed"}`, {
+    volume: volumeId,
+    operation: "remove_tree",
+    unpushedCommits,
+    sideBranch: sidePushed !== "" ? side : undefined,
+  });
+  return { removed: true, unpushedCommits, hadSideBranch: sidePushed !== "" };
+}
+
+/**
+ * Spec 004, "Work trees the node keeps": deletes the node's refs under
+ * refs/git-csi/ that no volume follows, removes each bare repository that no
+ * work tree names, and runs git gc in each one that stays, so the node's
+ * store does not grow with every ref a volume ever followed.
+ */
+export async function collectGarbage(store: Store, logger: Logger): Promise<void> {
+  const trees = await keptTrees(store);
+  const reposDir = path.join(store.stateDir, "repos");
+  for (const name of await fs.readdir(reposDir).catch(() => [] as string[])) {
+    const repoDir = path.join(reposDir, name);
+    const users = trees.filter((t) => store.repoDir(t.source.url) === repoDir);
+    if (users.length === 0) {
+      await fs.rm(repoDir, { recursive: true, force: true });
+      logger.info(`removed the bare repository ${repoDir}: no work tree follows it`, { operation: "gc" });
+      continue;
+    }
+    const url = users[0]!.source.url;
+    const repo = store.repo(url);
+    const followed = new Set(users.flatMap((t) => [branchOfRef(t.source.ref), sideBranchOf(branchOfRef(t.source.ref), t.volumeId)]).map(upstreamRef));
+    const refs = (await repo.raw(["for-each-ref", "--format=%(refname)", `${UPSTREAM_PREFIX}heads/`])).split("\n").filter(Boolean);
+    const stale = refs.filter((r) => !followed.has(r));
+    for (const ref of stale) await repo.raw(["update-ref", "-d", ref]);
+    await repo.raw(["worktree", "prune"]);
+    await repo.raw(["gc", "--quiet"]);
+    logger.info(`collected ${repoDir}`, { operation: "gc", staleRefs: stale.length, trees: users.length });
+  }
+}
