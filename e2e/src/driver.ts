@@ -169,6 +169,15 @@ export function freePort(): Promise<number> {
   });
 }
 
+/** The services' log lines about one volume, for a failure's message. */
+export function volumeLogs(driver: Driver, volumeId: string): string {
+  return driver
+    .logs()
+    .split("\n")
+    .filter((l) => l.includes(`"volume":"${volumeId}"`) && !l.includes('"operation":"probe"'))
+    .join("\n");
+}
+
 export async function waitFor<T>(what: string, probe: () => Promise<T | undefined | false>, timeoutMs = 30_000): Promise<T> {
   const deadline = Date.now() + timeoutMs;
   let last: unknown;

@@ -1,5 +1,5 @@
 import { type ChildProcess, spawn } from "node:child_process";
-import { createHash } from "node:crypto";
+import { randomBytes } from "node:crypto";
 import * as fs from "node:fs/promises";
 import * as path from "node:path";
 import type { CredentialBroker } from "./broker";
@@ -53,7 +53,8 @@ export class RemoteAccess {
     } else {
       hostKeys = ["-o", `UserKnownHostsFile=${path.join(volumeDir, "known_hosts.first-seen")}`, "-o", "StrictHostKeyChecking=accept-new"];
     }
-    const socket = path.join(socketDir, `agent-${createHash("sha256").update(volumeDir).digest("hex").slice(0, 16)}.sock`);
+    // A socket of its own per agent: an agent that exits unlinks its path, which must never be its successor's.
+    const socket = path.join(socketDir, `agent-${randomBytes(8).toString("hex")}.sock`);
     const agent = await startAgent(socket, credential.privateKey);
     env.GIT_SSH_COMMAND = ["ssh", "-F", "/dev/null", "-o", "BatchMode=yes", "-o", `IdentityAgent=${socket}`, "-o", "GlobalKnownHostsFile=/dev/null", ...hostKeys].join(" ");
     return new RemoteAccess(credential, { config, env }, broker, agent);

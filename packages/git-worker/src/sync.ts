@@ -392,7 +392,17 @@ export class VolumeSync {
     this.publishMetrics();
   }
 
+  /** Any failure to reach the remote on the way (a fetch, the metadata, the push itself) is a failed push. */
   private async push(trigger: string): Promise<{ pushed: boolean; message: string }> {
+    try {
+      return await this.pushOnce(trigger);
+    } catch (err) {
+      if (err instanceof RemoteError) return this.pushFailed(err.message);
+      throw err;
+    }
+  }
+
+  private async pushOnce(trigger: string): Promise<{ pushed: boolean; message: string }> {
     clearTimeout(this.latencyTimer);
     this.latencyTimer = undefined;
     if (this.waitingForCredential) {
