@@ -1,9 +1,14 @@
-// make bench: the driver's FUSE passthrough against a plain directory and
-// against bindfs, in one run on this machine.
+// make bench: two sections, in one run on this machine.
 //
-//   node e2e/dist/src/bench.js [--quick] [--out DIR]
+//   node e2e/dist/src/bench.js [--quick] [--commit-only] [--out DIR]
 //
-// Three paths over the same kind of directory, all on one disk:
+// 1. The driver's FUSE passthrough against a plain directory and against
+//    bindfs (skipped with --commit-only).
+// 2. Commit cost: one changed file in a small and a large tree, committed and
+//    pushed by the driver, by hand with git on that one path, and by a full
+//    scan (git add --all); see "Section 2" below.
+//
+// Section 1 has three paths over the same kind of directory, all on one disk:
 //   direct  a plain directory beside the volume's work tree,
 //   ours    the published target of a real volume (git daemon, the three
 //           services as processes, CSI calls on the socket, FUSE + bind mount),
@@ -11,19 +16,23 @@
 //           over a plain directory.
 // Every workload runs in its own process (dd, python3, sh): the bench process
 // never makes a file call into a FUSE mount. The page cache is dropped before
-// each timed step. Results: results.json and results.md in --out.
+// each timed step. Results: results.json and results.md in --out; with
+// --commit-only, the section 1 already there is kept as it was.
 import { type ChildProcess, spawn } from "node:child_process";
 import * as fs from "node:fs/promises";
 import * as os from "node:os";
 import * as path from "node:path";
 import { parseArgs } from "node:util";
-import { createVolume, type Driver, mountsUnder, type PublishedVolume, stageAndPublish, startDriver, unpublishAndUnstage } from "./driver";
-import { type GitServer, startGitDaemon } from "./git-server";
+import { createVolume, type Driver, freePort, mountsUnder, type PublishedVolume, report, setVolumeClass, stageAndPublish, startDriver, unpublishAndUnstage } from "./driver";
+import { gitEnv, type GitServer, startGitDaemon } from "./git-server";
 
 const REPO_ROOT = path.join(__dirname, "..", "..", "..");
 const DEFAULT_OUT = path.join(REPO_ROOT, "bench", "results");
 const MiB = 1024 * 1024;
 const SMALL_FILE_BYTES = 4096;
+/** Section 2's trees: directories of this many files of FILE_BYTES each. */
+const FILES_PER_DIR = 1000;
+const FILE_BYTES = 100;
 /** bindfs adds allow_other itself when run as root; big_writes matches ours (libfuse 2.9 otherwise writes 4 KiB at a time). */
 const BINDFS_OPTIONS = ["-o", "big_writes"];
 
@@ -33,10 +42,19 @@ type WorkloadId = "seq_write" | "seq_read" | "small_create" | "small_stat";
 
 interface Config {
   quick: boolean;
+  commitOnly: boolean;
   out: string;
   seqMiB: number;
   files: number;
   repetitions: number;
+  commit: CommitConfig;
+}
+
+interface CommitConfig {
+  /** The two trees, small first; every directory holds FILES_PER_DIR files, so only the number of directories differs. */
+  trees: [number, number];
+  repetitions: number;
+  quiesceMs: number;
 }
 
 interface WorkloadResult {
@@ -51,14 +69,20 @@ interface WorkloadResult {
 const log = (text: string) => process.stderr.write(`${text}\n`);
 
 function parseConfig(argv: string[]): Config {
-  const { values } = parseArgs({ args: argv, options: { quick: { type: "boolean", default: false }, out: { type: "string" } }, strict: true });
+  const { values } = parseArgs({
+    args: argv,
+    options: { quick: { type: "boolean", default: false }, "commit-only": { type: "boolean", default: false }, out: { type: "string" } },
+    strict: true,
+  });
   const quick = values.quick === true;
   return {
     quick,
+    commitOnly: values["commit-only"] === true,
     out: path.resolve(values.out ?? DEFAULT_OUT),
     seqMiB: quick ? 64 : 1024,
     files: quick ? 1000 : 10_000,
     repetitions: quick ? 1 : 3,
+    commit: { trees: [FILES_PER_DIR, quick ? 10_000 : 100_000], repetitions: quick ? 3 : 5, quiesceMs: 1000 },
   };
 }
 
@@ -69,9 +93,9 @@ function parseConfig(argv: string[]): Config {
 let current: ChildProcess | undefined;
 let interrupted: NodeJS.Signals | undefined;
 
-function exec(file: string, args: readonly string[]): Promise<{ stdout: string; stderr: string }> {
+function exec(file: string, args: readonly string[], env: NodeJS.ProcessEnv = { ...process.env, LC_ALL: "C", LANG: "C" }): Promise<{ stdout: string; stderr: string }> {
   return new Promise((resolve, reject) => {
-    const child = spawn(file, [...args], { stdio: ["ignore", "pipe", "pipe"], env: { ...process.env, LC_ALL: "C", LANG: "C" } });
+    const child = spawn(file, [...args], { stdio: ["ignore", "pipe", "pipe"], env });
     current = child;
     let stdout = "";
     let stderr = "";
@@ -90,6 +114,8 @@ function exec(file: string, args: readonly string[]): Promise<{ stdout: string; 
 }
 
 const sh = (script: string, ...args: string[]) => exec("sh", ["-c", script, "sh", ...args]);
+/** A shell script whose git runs with no system or global config and a fixed identity (git-server's gitEnv). */
+const gitSh = (script: string, ...args: string[]) => exec("sh", ["-c", script, "sh", ...args], gitEnv());
 
 function onSignal(signal: NodeJS.Signals): void {
   if (interrupted) return;
@@ -235,6 +261,7 @@ async function environment(config: Config): Promise<Record<string, unknown>> {
     node: process.version,
     python: await quiet("python3", ["--version"]),
     dd: (await quiet("dd", ["--version"])).split("\n")[0],
+    git: await quiet("git", ["--version"]),
     bindfs: bindfsVersion,
     commit: await quiet("git", ["-C", REPO_ROOT, "rev-parse", "HEAD"]),
     dirty: (await quiet("git", ["-C", REPO_ROOT, "status", "--porcelain"])) !== "",
@@ -274,11 +301,22 @@ function num(value: number): string {
   return value.toFixed(1);
 }
 
-function markdown(config: Config, env: Record<string, unknown>, results: WorkloadResult[], bindfsCommand: string): string {
+/** Section 1 as results.json holds it. */
+interface PassthroughSection {
+  config: { quick: boolean; seqBytes: number; seqBlockBytes: number; files: number; fileBytes: number; repetitions: number };
+  environment: Record<string, unknown>;
+  paths: { direct: Record<string, unknown>; ours: Record<string, unknown>; bindfs: { description: string; command: string } };
+  workloads: WorkloadResult[];
+}
+
+function passthroughMarkdown(section: PassthroughSection): string {
+  const { config, environment: env, workloads: results } = section;
   const lines = [
+    "## 1. The FUSE passthrough against a plain directory and bindfs",
+    "",
     `Medians of ${config.repetitions} run${config.repetitions === 1 ? "" : "s"}${config.quick ? " (--quick)" : ""}, page cache dropped before every timed step; higher is better.`,
     `${String(env.cpus)} CPUs, kernel ${String(env.kernel)}, ${String(env.bindfs)}; commit ${String(env.commit).slice(0, 12)}${env.dirty ? " (dirty)" : ""}; ${String(env.date)}.`,
-    `ours = the driver's FUSE mount (fuse-native, bind-mounted to the publish target); bindfs = \`${bindfsCommand}\`.`,
+    `ours = the driver's FUSE mount (fuse-native, bind-mounted to the publish target); bindfs = \`${section.paths.bindfs.command}\`.`,
     "",
     "| workload | unit | direct | ours | bindfs | ours/direct | ours/bindfs |",
     "|---|---|--:|--:|--:|--:|--:|",
@@ -290,17 +328,19 @@ function markdown(config: Config, env: Record<string, unknown>, results: Workloa
   return lines.join("\n");
 }
 
-// ---------------------------------------------------------------------------
+/** Runs the cleanup steps in order; a failing step is logged and the next one still runs. */
+async function cleanUp(steps: Array<[string, () => Promise<unknown>]>): Promise<void> {
+  for (const [name, step] of steps) {
+    try {
+      await step();
+    } catch (err) {
+      log(`cleanup: ${name} failed: ${err instanceof Error ? err.message : String(err)}`);
+    }
+  }
+}
 
-async function main(): Promise<void> {
-  const config = parseConfig(process.argv.slice(2));
-  process.once("SIGINT", onSignal);
-  process.once("SIGTERM", onSignal);
-
-  // Up front, so a bad --out fails before the run, and by mkdir(1): Node 20's
-  // recursive fs.mkdir spins forever on a path under /proc.
-  await exec("mkdir", ["-p", "--", config.out]);
-  const dir = await fs.mkdtemp(path.join(os.tmpdir(), "git-csi-bench-"));
+/** Section 1: the same workloads on direct, ours and bindfs. */
+async function runPassthrough(config: Config, dir: string, baseEnv: Record<string, unknown>): Promise<PassthroughSection> {
   const benchRoot = path.join(dir, "bench");
   const directDir = path.join(benchRoot, "direct");
   const bindfsSource = path.join(benchRoot, "bindfs-source");
@@ -312,8 +352,9 @@ async function main(): Promise<void> {
   let failed = false;
 
   try {
-    log(`bench: ${config.quick ? "quick" : "full"} run, ${size(config.seqMiB)} sequential, ${config.files} small files, ${config.repetitions} repetition(s); scratch ${dir}`);
-    const env = { ...(await environment(config)), date: new Date().toISOString() };
+    log(`section 1, the FUSE passthrough: ${size(config.seqMiB)} sequential, ${config.files} small files, ${config.repetitions} repetition(s)`);
+    const env = { ...baseEnv, date: new Date().toISOString() };
+    await fs.mkdir(dir, { recursive: true });
 
     log("starting a git daemon and the driver (three services)");
     server = await startGitDaemon();
@@ -355,10 +396,8 @@ async function main(): Promise<void> {
       }
     }
 
-    const results = summarize(config, samples);
     const bindfsCommand = `bindfs ${BINDFS_OPTIONS.join(" ")} SRC DST`;
-    const table = markdown(config, env, results, bindfsCommand);
-    const json = {
+    return {
       config: { quick: config.quick, seqBytes: config.seqMiB * MiB, seqBlockBytes: MiB, files: config.files, fileBytes: SMALL_FILE_BYTES, repetitions: config.repetitions },
       environment: { ...env, backingFileSystem: backingFs },
       paths: {
@@ -366,35 +405,463 @@ async function main(): Promise<void> {
         ours: { description: "the published target of a real volume: the mount owner's FUSE passthrough (fuse-native) of the work tree, bind-mounted", fsType: oursMount.fsType, source: oursMount.source },
         bindfs: { description: "bindfs over a plain directory on the same file system", command: bindfsCommand },
       },
-      workloads: results,
+      workloads: summarize(config, samples),
     };
-    await fs.writeFile(path.join(config.out, "results.json"), `${JSON.stringify(json, null, 2)}\n`);
-    await fs.writeFile(path.join(config.out, "results.md"), `# git.liken.sh bench\n\n${table}`);
-    log(`wrote ${path.join(config.out, "results.json")} and results.md`);
-    process.stdout.write(`\n${table}`);
   } catch (err) {
     failed = true;
     throw err;
   } finally {
-    const steps: Array<[string, () => Promise<void>]> = [
+    await cleanUp([
       ["unmount bindfs", async () => (bindfsMounted ? unmount(bindfsMount) : undefined)],
       ["unpublish and unstage", async () => (driver && published ? unpublishAndUnstage(driver, published) : undefined)],
       ["stop the driver", async () => driver?.stop()],
       ["stop the git server", async () => server?.stop()],
+    ]);
+    if (failed && driver) log(`driver logs (tail):\n${driver.logs().split("\n").slice(-40).join("\n")}`);
+  }
+}
+
+// ---------------------------------------------------------------------------
+// Section 2: commit cost. Issue 3, item 4: "commit cost grows with the changed
+// paths, not with the tree". One changed file, in a tree of FILES_PER_DIR
+// files and in one of 10 (--quick) or 100 times that, committed and pushed
+// three ways:
+//   (a) driver     the application appends to one file through the volume's
+//                  mount; the clock runs from the write's return to the moment
+//                  the remote ref moves (git rev-parse on the bare repository
+//                  every POLL_MS). The class's quiesce is idle waiting, so it is
+//                  also reported subtracted: what is left is the git work,
+//                  plus the watcher's latency.
+//   (b) by hand    in a plain clone: git add <that path>; git commit; git push.
+//   (c) full scan  the same clone: git add --all; git commit; git push; and
+//                  (c') git status --porcelain alone.
+// Every directory holds FILES_PER_DIR files in both trees, so the directory of
+// the changed file is the same size: only the tree around it grows. The trees
+// are written into a bare repository by git fast-import (not timed). The
+// driver's volume and the clone push to two copies of it, so they never race
+// for one ref. The page cache stays warm here: the driver's tree is a warm
+// tree in steady state, and a warm cache is the full scan's best case.
+
+const POLL_MS = 20;
+/** The first push after the stage records metadata for the whole tree: over a minute at 100,000 files here. */
+const FIRST_PUSH_TIMEOUT_MS = 15 * 60_000;
+const CHANGED_BY: Record<"driver" | "byHand" | "fullScan", number> = { driver: 100, byHand: 300, fullScan: 500 };
+
+/** A fast-import stream: one commit of `dirs` directories of `per` files of `size` bytes, each file its own blob. */
+const TREE_PY = `
+import sys
+dirs, per, size = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
+out = sys.stdout.buffer
+msg = b"a bench tree of %d files\\n" % (dirs * per)
+out.write(b"commit refs/heads/main\\ncommitter git.liken.sh bench <bench@git.liken.sh> 1700000000 +0000\\ndata %d\\n%s\\n" % (len(msg), msg))
+for d in range(dirs):
+    parts = []
+    for f in range(per):
+        name = b"d%03d/f%04d" % (d, f)
+        body = (name + b" " + b"x" * size)[: size - 1] + b"\\n"
+        parts.append(b"M 100644 inline %s\\ndata %d\\n%s\\n" % (name, len(body), body))
+    out.write(b"".join(parts))
+out.write(b"done\\n")
+`;
+
+interface Tree {
+  files: number;
+  directories: number;
+  /** The directory every change goes to: the middle one. */
+  changedDir: string;
+  driverRepo: string;
+  handRepo: string;
+  clone: string;
+  volume: PublishedVolume;
+}
+
+interface DriverSample {
+  /** Write returned → remote ref moved. */
+  totalMs: number;
+  minusQuiesceMs: number;
+  /** Write → the Pending event: the watcher, then git status of the path. */
+  pendingMs: number;
+  /** Write → the commit's log line, minus the quiesce: the watcher, status, add, commit. */
+  committedMs: number;
+  /** The commit's log line → the Pushed event: metadata fetched and recorded, the push. */
+  pushMs: number;
+}
+
+const DRIVER_PARTS = ["totalMs", "minusQuiesceMs", "pendingMs", "committedMs", "pushMs"] as const;
+
+interface TreeResult {
+  files: number;
+  directories: number;
+  filesPerDirectory: number;
+  fileBytes: number;
+  /** The warm-up: the driver's first change after the stage, write → remote ref moved. */
+  driverFirstChangeMs: number;
+  samples: { driver: DriverSample[]; byHand: number[]; fullScan: number[]; status: number[] };
+  median: { driver: DriverSample; byHand: number; fullScan: number; status: number };
+  ratio: { driverMinusQuiesceOverByHand: number; fullScanOverByHand: number; statusOverByHand: number };
+}
+
+interface CommitSection {
+  config: { quick: boolean; repetitions: number; warmUps: number; quiesceMs: number; maxLatency: string; pollMs: number; filesPerDirectory: number; fileBytes: number };
+  environment: Record<string, unknown>;
+  ways: Record<string, string>;
+  trees: TreeResult[];
+  /** Large tree over small tree, median over median. */
+  growth: { driverTotal: number; driverMinusQuiesce: number; driverPending: number; driverCommitted: number; driverPush: number; byHand: number; fullScan: number; status: number };
+}
+
+const sleep = (ms: number) => new Promise<void>((r) => setTimeout(r, ms));
+
+/** Polls until probe gives a value; stops at a signal. */
+async function until<T>(what: string, probe: () => Promise<T | undefined | false>, timeoutMs = 60_000, everyMs = 50): Promise<T> {
+  const deadline = Date.now() + timeoutMs;
+  for (;;) {
+    checkInterrupted();
+    const value = await probe();
+    if (value !== undefined && value !== false) return value;
+    if (Date.now() > deadline) throw new Error(`timed out after ${timeoutMs} ms waiting for ${what}`);
+    await sleep(everyMs);
+  }
+}
+
+const git = async (...args: string[]) => (await exec("git", args, gitEnv())).stdout.trim();
+const remoteHead = (server: GitServer, repo: string) => git(`--git-dir=${server.repoPath(repo)}`, "rev-parse", "--verify", "--quiet", "refs/heads/main");
+
+/** The paths the branch's last commit changed, and checks that it sits right on `parent`. */
+async function lastCommitPaths(server: GitServer, repo: string, parent: string): Promise<string[]> {
+  const gitDir = `--git-dir=${server.repoPath(repo)}`;
+  const actual = await git(gitDir, "rev-parse", "refs/heads/main^");
+  if (actual !== parent) throw new Error(`${repo}: the new commit's parent is ${actual}, not ${parent}: more than one commit was pushed`);
+  return (await git(gitDir, "diff-tree", "--no-commit-id", "--name-only", "-r", "refs/heads/main^", "refs/heads/main")).split("\n").filter((p) => p !== "");
+}
+
+function changedFile(tree: Tree, way: keyof typeof CHANGED_BY, rep: number): string {
+  return `${tree.changedDir}/f${String(CHANGED_BY[way] + rep).padStart(4, "0")}`;
+}
+
+async function setUpTree(server: GitServer, driver: Driver, dir: string, files: number, classParameters: Record<string, string>, volumes: PublishedVolume[]): Promise<Tree> {
+  const directories = files / FILES_PER_DIR;
+  const driverRepo = `tree-${files}.git`;
+  const handRepo = `tree-${files}-by-hand.git`;
+  const started = Date.now();
+  await gitSh(
+    'git init -q --bare --initial-branch=main "$1" && python3 -c "$2" "$3" "$4" "$5" | git --git-dir="$1" fast-import --quiet --done && git clone -q --bare "$1" "$6"',
+    server.repoPath(driverRepo),
+    TREE_PY,
+    String(directories),
+    String(FILES_PER_DIR),
+    String(FILE_BYTES),
+    server.repoPath(handRepo),
+  );
+  const count = Number((await gitSh('git --git-dir="$1" ls-tree -r --name-only refs/heads/main | wc -l', server.repoPath(driverRepo))).stdout.trim());
+  if (count !== files) throw new Error(`the tree of ${driverRepo} holds ${count} files, not ${files}`);
+
+  const clone = path.join(dir, "clones", `tree-${files}`);
+  await gitSh('mkdir -p "$(dirname "$2")" && git clone -q "$1" "$2" && cd "$2" && git status --porcelain', server.url(handRepo), clone);
+  log(`  tree of ${files.toLocaleString("en-US")} files: repositories and a plain clone in ${((Date.now() - started) / 1000).toFixed(1)} s`);
+
+  const stageStarted = Date.now();
+  const created = await createVolume(driver, `tree-${files}`, server.url(driverRepo));
+  const volume = await stageAndPublish(driver, created, undefined, `tree-${files}`);
+  volumes.push(volume);
+  await setVolumeClass(driver, volume.volumeId, classParameters, "bench");
+  await until("the volume armed", async () => (await report(driver, volume.volumeId)).armed);
+  log(`  tree of ${files.toLocaleString("en-US")} files: the volume staged, published and armed in ${((Date.now() - stageStarted) / 1000).toFixed(1)} s`);
+  return { files, directories, changedDir: `d${String(Math.floor(directories / 2)).padStart(3, "0")}`, driverRepo, handRepo, clone, volume };
+}
+
+/** The driver's account of one change, from its report and log: when it saw the path pending, committed and pushed. */
+async function driverTimeline(driver: Driver, volumeId: string, since: number): Promise<{ pending: number; committed: number; pushed: number }> {
+  const r = await until("the push in the volume's report", async () => {
+    const rep = await report(driver, volumeId);
+    return rep.pendingPaths.length === 0 && rep.unpushedCommits === 0 && rep.recentEvents.some((e) => e.reason === "GitVolumePushed" && e.timeUnixMs >= since) && rep;
+  });
+  const at = (reason: string) => r.recentEvents.find((e) => e.reason === reason && e.timeUnixMs >= since)?.timeUnixMs ?? Number.NaN;
+  let committed = Number.NaN;
+  for (const line of driver.logs().split("\n")) {
+    if (!line.includes('"committed"') || !line.includes(volumeId)) continue;
+    try {
+      const entry = JSON.parse(line) as { message?: string; volume?: string; timestamp?: string };
+      const time = Date.parse(entry.timestamp ?? "");
+      if (entry.message === "committed" && entry.volume === volumeId && time >= since) {
+        committed = time;
+        break;
+      }
+    } catch {
+      /* not a log line */
+    }
+  }
+  return { pending: at("GitVolumePending"), committed, pushed: at("GitVolumePushed") };
+}
+
+/** (a) One file appended through the volume's mount, until the remote ref moves. */
+async function driverOnce(server: GitServer, driver: Driver, tree: Tree, quiesceMs: number, rep: number, timeoutMs = 60_000): Promise<DriverSample> {
+  const volumeId = tree.volume.volumeId;
+  await until("the volume idle", async () => {
+    const r = await report(driver, volumeId);
+    return r.pendingPaths.length === 0 && r.unpushedCommits === 0;
+  });
+  const file = changedFile(tree, "driver", rep);
+  const before = await remoteHead(server, tree.driverRepo);
+  checkInterrupted();
+  // date(1) right after the append returned: the clock starts when the write has landed.
+  const { stdout } = await sh('printf "%s\\n" "$2" >> "$1" && date +%s%N', path.join(tree.volume.targetPath, file), `driver run ${rep}`);
+  const wrote = Number(stdout.trim()) / 1e6;
+  // The ref moved between the last poll that saw it unchanged and the first that saw it moved: the middle, ±POLL_MS/2.
+  let unchangedAt = wrote;
+  let movedAt = Number.NaN;
+  for (const deadline = Date.now() + timeoutMs + quiesceMs; ; ) {
+    checkInterrupted();
+    const pollAt = Date.now();
+    if ((await remoteHead(server, tree.driverRepo)) !== before) {
+      movedAt = (unchangedAt + pollAt) / 2;
+      break;
+    }
+    unchangedAt = pollAt;
+    if (pollAt > deadline) throw new Error(`the driver did not push ${file} within ${Math.round(pollAt - wrote)} ms`);
+    await sleep(Math.max(0, POLL_MS - (Date.now() - pollAt)));
+  }
+  const timeline = await driverTimeline(driver, volumeId, Math.floor(wrote));
+  const paths = await lastCommitPaths(server, tree.driverRepo, before);
+  if (paths.join() !== file) throw new Error(`the driver's commit changed ${paths.join(", ")}, not ${file}`);
+  const totalMs = movedAt - wrote;
+  return {
+    totalMs,
+    minusQuiesceMs: totalMs - quiesceMs,
+    pendingMs: timeline.pending - wrote,
+    committedMs: timeline.committed - wrote - quiesceMs,
+    pushMs: timeline.pushed - timeline.committed,
+  };
+}
+
+/** Milliseconds a shell script takes, its git isolated; returns its output too. */
+async function timed(script: string, ...args: string[]): Promise<{ ms: number; stdout: string }> {
+  checkInterrupted();
+  const t = performance.now();
+  const { stdout } = await gitSh(script, ...args);
+  return { ms: performance.now() - t, stdout };
+}
+
+/** (b), (c') and (c), in that order, in the plain clone. */
+async function byHandOnce(server: GitServer, tree: Tree, rep: number): Promise<{ byHand: number; status: number; fullScan: number }> {
+  const handFile = changedFile(tree, "byHand", rep);
+  let before = await remoteHead(server, tree.handRepo);
+  const byHand = await timed('cd "$1" && printf "%s\\n" "$3" >> "$2" && git add -- "$2" && git commit -q -m "$3" && git push -q', tree.clone, handFile, `by hand, run ${rep}`);
+  const handPaths = await lastCommitPaths(server, tree.handRepo, before);
+  if (handPaths.join() !== handFile) throw new Error(`the by-hand commit changed ${handPaths.join(", ")}, not ${handFile}`);
+
+  // c' times the status of the tree c then commits: one appended file.
+  const scanFile = changedFile(tree, "fullScan", rep);
+  await sh('printf "%s\\n" "$3" >> "$1/$2"', tree.clone, scanFile, `full scan, run ${rep}`);
+  const status = await timed('cd "$1" && git status --porcelain', tree.clone);
+  if (status.stdout.trim() !== `M ${scanFile}`) throw new Error(`git status --porcelain printed ${JSON.stringify(status.stdout)}, expected one modified ${scanFile}`);
+  before = await remoteHead(server, tree.handRepo);
+  const fullScan = await timed('cd "$1" && git add --all && git commit -q -m "$2" && git push -q', tree.clone, `full scan, run ${rep}`);
+  const scanPaths = await lastCommitPaths(server, tree.handRepo, before);
+  if (scanPaths.join() !== scanFile) throw new Error(`the full-scan commit changed ${scanPaths.join(", ")}, not ${scanFile}`);
+  return { byHand: byHand.ms, status: status.ms, fullScan: fullScan.ms };
+}
+
+/** Median of the finite values (a part the driver's report lacked is NaN). */
+function medianOf(values: number[]): number {
+  const finite = values.filter((v) => Number.isFinite(v));
+  return finite.length === 0 ? Number.NaN : median(finite);
+}
+
+async function runCommitCost(config: Config, dir: string, baseEnv: Record<string, unknown>): Promise<CommitSection> {
+  const c = config.commit;
+  const quiesce = `${c.quiesceMs / 1000}s`;
+  const classParameters = { "push.quiesce": quiesce, "push.maxLatency": "1m" };
+  let server: GitServer | undefined;
+  let driver: Driver | undefined;
+  const volumes: PublishedVolume[] = [];
+  let failed = false;
+
+  try {
+    log(`section 2, commit cost: trees of ${c.trees.map((n) => n.toLocaleString("en-US")).join(" and ")} files, ${c.repetitions} repetition(s) after one warm-up`);
+    const env = { ...baseEnv, date: new Date().toISOString() };
+    await fs.mkdir(dir, { recursive: true });
+    server = await startGitDaemon();
+    driver = await startDriver({ dir, nodeId: "bench-commit", metricsPort: await freePort() });
+    const trees: Tree[] = [];
+    for (const files of c.trees) trees.push(await setUpTree(server, driver, dir, files, classParameters, volumes));
+
+    // The warm-up: the driver's first push records metadata for the whole tree once, and git settles its index.
+    const first = new Map<Tree, number>();
+    for (const tree of trees) {
+      log(`  warm-up ${tree.files.toLocaleString("en-US")} files: the driver's first change after the stage (its push records metadata for the whole tree)`);
+      first.set(tree, (await driverOnce(server, driver, tree, c.quiesceMs, 0, FIRST_PUSH_TIMEOUT_MS)).totalMs);
+      await byHandOnce(server, tree, 0);
+      log(`  warm-up ${tree.files.toLocaleString("en-US")} files: ${Math.round(first.get(tree)!)} ms`);
+    }
+
+    const samples = new Map(trees.map((t) => [t, { driver: [] as DriverSample[], byHand: [] as number[], fullScan: [] as number[], status: [] as number[] }]));
+    for (let rep = 1; rep <= c.repetitions; rep++) {
+      // Trees and ways take turns within a repetition, so a drift of the machine touches all.
+      for (const tree of trees) {
+        const s = samples.get(tree)!;
+        const d = await driverOnce(server, driver, tree, c.quiesceMs, rep);
+        const h = await byHandOnce(server, tree, rep);
+        s.driver.push(d);
+        s.byHand.push(h.byHand);
+        s.status.push(h.status);
+        s.fullScan.push(h.fullScan);
+        log(
+          `  run ${rep}/${c.repetitions} ${tree.files.toLocaleString("en-US").padStart(7)} files: driver ${Math.round(d.totalMs)} ms (−quiesce ${Math.round(d.minusQuiesceMs)}: pending ${Math.round(d.pendingMs)}, committed ${Math.round(d.committedMs)}, push ${Math.round(d.pushMs)}), by hand ${Math.round(h.byHand)}, status ${Math.round(h.status)}, full scan ${Math.round(h.fullScan)}`,
+        );
+      }
+    }
+
+    const results: TreeResult[] = trees.map((tree) => {
+      const s = samples.get(tree)!;
+      const m = {
+        driver: Object.fromEntries(DRIVER_PARTS.map((k) => [k, medianOf(s.driver.map((d) => d[k]))])) as unknown as DriverSample,
+        byHand: medianOf(s.byHand),
+        fullScan: medianOf(s.fullScan),
+        status: medianOf(s.status),
+      };
+      return {
+        files: tree.files,
+        directories: tree.directories,
+        filesPerDirectory: FILES_PER_DIR,
+        fileBytes: FILE_BYTES,
+        driverFirstChangeMs: first.get(tree)!,
+        samples: s,
+        median: m,
+        ratio: { driverMinusQuiesceOverByHand: m.driver.minusQuiesceMs / m.byHand, fullScanOverByHand: m.fullScan / m.byHand, statusOverByHand: m.status / m.byHand },
+      };
+    });
+    const [small, large] = [results[0]!.median, results[1]!.median];
+    return {
+      config: { quick: config.quick, repetitions: c.repetitions, warmUps: 1, quiesceMs: c.quiesceMs, maxLatency: "1m", pollMs: POLL_MS, filesPerDirectory: FILES_PER_DIR, fileBytes: FILE_BYTES },
+      environment: env,
+      ways: {
+        driver: `a volume armed with push.quiesce ${quiesce}, push.maxLatency 1m; one file appended through the publish target; write returned → the remote ref moved (git rev-parse every ${POLL_MS} ms, the middle of the last two polls)`,
+        byHand: "a plain clone: append; git add <path>; git commit -q -m x; git push -q",
+        status: "the same clone, one file appended: git status --porcelain",
+        fullScan: "the same clone, that file appended: git add --all; git commit -q -m x; git push -q",
+      },
+      trees: results,
+      growth: {
+        driverTotal: large.driver.totalMs / small.driver.totalMs,
+        driverMinusQuiesce: large.driver.minusQuiesceMs / small.driver.minusQuiesceMs,
+        driverPending: large.driver.pendingMs / small.driver.pendingMs,
+        driverCommitted: large.driver.committedMs / small.driver.committedMs,
+        driverPush: large.driver.pushMs / small.driver.pushMs,
+        byHand: large.byHand / small.byHand,
+        fullScan: large.fullScan / small.fullScan,
+        status: large.status / small.status,
+      },
+    };
+  } catch (err) {
+    failed = true;
+    throw err;
+  } finally {
+    await cleanUp([
+      ...volumes.map((v): [string, () => Promise<unknown>] => [`unpublish and unstage ${v.volumeId}`, async () => (driver ? unpublishAndUnstage(driver, v) : undefined)]),
+      ["stop the driver", async () => driver?.stop()],
+      ["stop the git server", async () => server?.stop()],
+    ]);
+    if (failed && driver) log(`driver logs (tail):\n${driver.logs().split("\n").slice(-40).join("\n")}`);
+  }
+}
+
+function ms(value: number): string {
+  return Number.isFinite(value) ? Math.round(value).toLocaleString("en-US") : "–";
+}
+
+function ratio(value: number): string {
+  return Number.isFinite(value) ? value.toFixed(2) : "–";
+}
+
+function commitMarkdown(section: CommitSection): string {
+  const { config, environment: env, trees, growth } = section;
+  const [small, large] = [trees[0]!, trees[1]!];
+  const files = (n: number) => n.toLocaleString("en-US");
+  const q = `${config.quiesceMs / 1000} s`;
+  const row = (label: string, a: string, b: string, g: string) => `| ${label} | ${a} | ${b} | ${g} |`;
+  const timeRow = (label: string, pick: (t: TreeResult) => number, g: number) => row(label, ms(pick(small)), ms(pick(large)), ratio(g));
+  const lines = [
+    "## 2. Commit cost: one changed file in a small and a large tree",
+    "",
+    `Medians of ${config.repetitions} runs after one untimed warm-up${config.quick ? " (--quick)" : ""}, page cache warm; milliseconds, lower is better.`,
+    `Directories of ${files(config.filesPerDirectory)} files of ${config.fileBytes} bytes: ${small.directories} and ${large.directories} of them; every run appends a line to one tracked file of the middle directory. The volume's class: push.quiesce ${q}, push.maxLatency ${config.maxLatency}. Pushes go over git:// to a git daemon on this machine.`,
+    `${String(env.cpus)} CPUs, kernel ${String(env.kernel)}, ${String(env.git)}; commit ${String(env.commit).slice(0, 12)}${env.dirty ? " (dirty)" : ""}; ${String(env.date)}.`,
+    "",
+    `| | ${files(small.files)} files | ${files(large.files)} files | ${files(large.files)} / ${files(small.files)} |`,
+    "|---|--:|--:|--:|",
+    timeRow("(a) driver: write → remote ref moved", (t) => t.median.driver.totalMs, growth.driverTotal),
+    timeRow(`(a) minus the ${q} quiesce`, (t) => t.median.driver.minusQuiesceMs, growth.driverMinusQuiesce),
+    timeRow("… write → path pending (watcher, git status of the path)", (t) => t.median.driver.pendingMs, growth.driverPending),
+    timeRow("… write → committed, minus the quiesce (watcher, status, add, commit)", (t) => t.median.driver.committedMs, growth.driverCommitted),
+    timeRow("… committed → pushed (metadata fetched and recorded, push)", (t) => t.median.driver.pushMs, growth.driverPush),
+    timeRow("(b) by hand: git add PATH; git commit; git push", (t) => t.median.byHand, growth.byHand),
+    timeRow("(c) full scan: git add --all; git commit; git push", (t) => t.median.fullScan, growth.fullScan),
+    timeRow("(c') git status --porcelain alone", (t) => t.median.status, growth.status),
+    row("(a) minus the quiesce / (b)", ratio(small.ratio.driverMinusQuiesceOverByHand), ratio(large.ratio.driverMinusQuiesceOverByHand), ""),
+    row("(c) / (b)", ratio(small.ratio.fullScanOverByHand), ratio(large.ratio.fullScanOverByHand), ""),
+    row("(c') / (b)", ratio(small.ratio.statusOverByHand), ratio(large.ratio.statusOverByHand), ""),
+    "",
+    `The "…" rows come from the driver's own report and log, so they need not add up to the row above them. The driver's first change after the stage (the warm-up, one sample; its push records modes and owners of the whole tree on refs/git-csi/metadata once): ${ms(small.driverFirstChangeMs - config.quiesceMs)} ms and ${ms(large.driverFirstChangeMs - config.quiesceMs)} ms minus the quiesce.`,
+    "",
+  ];
+  return lines.join("\n");
+}
+
+// ---------------------------------------------------------------------------
+
+/** Section 1 from an earlier results.json, for a --commit-only run; older files held it at the top level. */
+async function previousPassthrough(out: string): Promise<PassthroughSection | undefined> {
+  try {
+    const json = JSON.parse(await fs.readFile(path.join(out, "results.json"), "utf8")) as { passthrough?: PassthroughSection } & Partial<PassthroughSection>;
+    if (json.passthrough?.workloads) return json.passthrough;
+    if (json.workloads && json.config && json.environment && json.paths) return { config: json.config, environment: json.environment, paths: json.paths, workloads: json.workloads };
+  } catch {
+    /* none, or unreadable: section 1 is left out */
+  }
+  return undefined;
+}
+
+async function main(): Promise<void> {
+  const config = parseConfig(process.argv.slice(2));
+  process.once("SIGINT", onSignal);
+  process.once("SIGTERM", onSignal);
+
+  // Up front, so a bad --out fails before the run, and by mkdir(1): Node 20's
+  // recursive fs.mkdir spins forever on a path under /proc.
+  await exec("mkdir", ["-p", "--", config.out]);
+  const dir = await fs.mkdtemp(path.join(os.tmpdir(), "git-csi-bench-"));
+
+  try {
+    log(`bench: ${config.quick ? "quick" : "full"} run${config.commitOnly ? ", commit cost only" : ""}; scratch ${dir}`);
+    const env = await environment(config);
+    let passthrough: PassthroughSection | undefined;
+    if (config.commitOnly) {
+      passthrough = await previousPassthrough(config.out);
+      if (passthrough) log(`keeping section 1 from ${String(passthrough.environment.date)} in ${path.join(config.out, "results.json")}`);
+    } else {
+      passthrough = await runPassthrough(config, path.join(dir, "passthrough"), env);
+    }
+    const commitCost = await runCommitCost(config, path.join(dir, "commit"), env);
+
+    const md = [
+      "# git.liken.sh bench",
+      "",
+      passthrough ? passthroughMarkdown(passthrough) : "## 1. The FUSE passthrough\n\nNot run: `node e2e/dist/src/bench.js` without --commit-only runs it.\n",
+      commitMarkdown(commitCost),
+    ].join("\n");
+    await fs.writeFile(path.join(config.out, "results.json"), `${JSON.stringify({ ...(passthrough ? { passthrough } : {}), commitCost }, null, 2)}\n`);
+    await fs.writeFile(path.join(config.out, "results.md"), md);
+    log(`wrote ${path.join(config.out, "results.json")} and results.md`);
+    process.stdout.write(`\n${md}`);
+  } finally {
+    await cleanUp([
       // Whatever a failed step left mounted goes before the scratch directory does.
       ["unmount leftovers", async () => {
         for (const mountPoint of (await mountsUnder(dir)).reverse()) await exec("umount", ["-l", mountPoint]);
       }],
       ["remove the scratch directory", () => fs.rm(dir, { recursive: true, force: true })],
-    ];
-    for (const [name, step] of steps) {
-      try {
-        await step();
-      } catch (err) {
-        log(`cleanup: ${name} failed: ${err instanceof Error ? err.message : String(err)}`);
-      }
-    }
-    if (failed && driver) log(`driver logs (tail):\n${driver.logs().split("\n").slice(-40).join("\n")}`);
+    ]);
   }
 }
 

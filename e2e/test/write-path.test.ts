@@ -246,6 +246,8 @@ for (const transport of TRANSPORTS) describe(`what happens after a write, over $
     await server.commitFiles(repo, { "from-upstream.txt": "upstream\n" }, { message: "a person's commit" });
     await sh(`echo mine > '${volume.targetPath}/mine.txt'`);
     await waitFor("mine.txt pushed", () => remoteFile(server, repo, "main", "mine.txt"));
+    // The pod's tree takes the rebased commit once it landed.
+    await waitFor("GitVolumeRebased", async () => reasons(await report(driver, volume.volumeId)).includes("GitVolumeRebased"));
     assert.equal(await remoteFile(server, repo, "main", "from-upstream.txt"), "upstream");
     assert.equal(await server.git(repo, "log", "--format=%s", "-2", "main").then((s) => s.split("\n")[1]), "a person's commit");
     assert.equal(await sh(`cat '${volume.targetPath}/from-upstream.txt'`), "upstream\n");

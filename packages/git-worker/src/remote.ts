@@ -1,6 +1,7 @@
 import { GitError, type SimpleGit } from "simple-git";
 import { METADATA_REF } from "@git-csi/config";
 import { UPSTREAM_METADATA, upstreamRef } from "./store";
+import { isAncestor } from "./tree";
 
 export type FetchResult = "fetched" | "missing";
 
@@ -10,10 +11,15 @@ function messageOf(err: unknown): string {
 
 export class RemoteError extends Error {}
 
-/** Fetches a branch into its remote-tracking ref; "missing" when the remote has no such branch. */
-export async function fetchBranch(repo: SimpleGit, branch: string): Promise<FetchResult> {
+/**
+ * Fetches a branch into the node's view of it; "missing" when the remote has
+ * no such branch. With metadata, refs/git-csi/metadata comes in the same
+ * fetch (a glob, so a remote without it is no error): one round trip.
+ */
+export async function fetchBranch(repo: SimpleGit, branch: string, withMetadata = false): Promise<FetchResult> {
+  const refspecs = [`+refs/heads/${branch}:${upstreamRef(branch)}`, ...(withMetadata ? [`+${METADATA_REF}*:${UPSTREAM_METADATA}*`] : [])];
   try {
-    await repo.raw(["fetch", "--quiet", "--no-tags", "--no-write-fetch-head", "origin", `+refs/heads/${branch}:${upstreamRef(branch)}`]);
+    await repo.raw(["fetch", "--quiet", "--no-tags", "--no-write-fetch-head", "origin", ...refspecs]);
     return "fetched";
   } catch (err) {
     const message = messageOf(err);
@@ -42,30 +48,37 @@ export async function fetchMetadata(repo: SimpleGit): Promise<string> {
 export type PushResult = { outcome: "pushed" } | { outcome: "rejected"; message: string } | { outcome: "failed"; message: string };
 
 /**
- * Pushes a commit to a branch (and a metadata commit, when given) as a compare-and-swap from the commit the node
- * last saw there (none: the branch must not exist), atomically with any other
- * ref updates given. So a branch that moved or was deleted upstream is never
- * overwritten or silently made again: that is "rejected", and a fetch tells
- * which. "failed" is anything else, such as a refused credential.
+ * Pushes a commit to a ref as a compare-and-swap from the commit the node last
+ * saw there (none: the ref must not exist). So a ref that moved or was deleted
+ * upstream is never overwritten or silently made again: that is "rejected",
+ * and a fetch tells which. "failed" is anything else, such as a refused
+ * credential. `seen` is the node's ref holding its last view of `ref`.
  */
-export async function pushCommit(repo: SimpleGit, commit: string, branch: string, metadata?: { commit: string; expected: string }): Promise<PushResult> {
-  const expected = (await repo.raw(["rev-parse", "--verify", "--quiet", upstreamRef(branch)]).catch(() => "")).trim();
-  const leases = [`--force-with-lease=refs/heads/${branch}:${expected}`];
-  const refspecs = [`${commit}:refs/heads/${branch}`];
-  if (metadata) {
-    leases.push(`--force-with-lease=${METADATA_REF}:${metadata.expected}`);
-    refspecs.push(`${metadata.commit}:${METADATA_REF}`);
+export async function pushRef(repo: SimpleGit, commit: string, ref: string, seen: string): Promise<PushResult> {
+  const expected = (await repo.raw(["rev-parse", "--verify", "--quiet", seen]).catch(() => "")).trim();
+  // The lease alone would let a push replace commits it does not contain: volumes of one URL
+  // share the node's view of the remote, so another volume's push moves it. Only a commit
+  // that descends from what the remote holds is ever sent; anything else rebases first.
+  if (expected !== "" && !(await isAncestor(repo, expected, commit))) {
+    return { outcome: "rejected", message: `${ref} holds ${expected.slice(0, 12)}, which ${commit.slice(0, 12)} does not contain` };
   }
   try {
-    await repo.raw(["push", "--porcelain", "--atomic", ...leases, "origin", ...refspecs]);
+    await repo.raw(["push", "--porcelain", `--force-with-lease=${ref}:${expected}`, "origin", `${commit}:${ref}`]);
   } catch (err) {
     const message = messageOf(err);
     if (/\[rejected\]|non-fast-forward|fetch first|\(stale info\)/.test(message)) return { outcome: "rejected", message };
     return { outcome: "failed", message };
   }
-  await repo.raw(["update-ref", upstreamRef(branch), commit]);
-  if (metadata) await repo.raw(["update-ref", UPSTREAM_METADATA, metadata.commit]);
+  await repo.raw(["update-ref", seen, commit]);
   return { outcome: "pushed" };
+}
+
+export function pushCommit(repo: SimpleGit, commit: string, branch: string): Promise<PushResult> {
+  return pushRef(repo, commit, `refs/heads/${branch}`, upstreamRef(branch));
+}
+
+export function pushMetadata(repo: SimpleGit, commit: string): Promise<PushResult> {
+  return pushRef(repo, commit, METADATA_REF, UPSTREAM_METADATA);
 }
 
 /** Deletes a branch on the remote, if it is there. */

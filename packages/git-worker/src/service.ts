@@ -58,8 +58,9 @@ export function gitWorkerService(store: Store, syncs: Syncs, broker: CredentialB
             published: request.published,
             stageFingerprint: fingerprint(data),
             openAccess,
+            onRepository: (work) => perRepository.run(store.repoDir(source.url), work),
           });
-          await perRepository.run(store.repoDir(source.url), () => sync.start(request.class, tree.fetched, tree.reused)).catch((err: unknown) => {
+          await sync.start(request.class, tree.fetched, tree.reused).catch((err: unknown) => {
             throw classError(err);
           });
           syncs.set(volumeId, sync);

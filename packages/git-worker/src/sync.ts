@@ -1,7 +1,7 @@
 import * as fs from "node:fs/promises";
 import * as path from "node:path";
 import watcher from "@parcel/watcher";
-import { type ClassPolicy, type EventType, formatDuration, parseClassParameters, Reason, type ReasonName, sideBranchOf } from "@git-csi/config";
+import { type ClassPolicy, type EventType, formatDuration, METADATA_REF, parseClassParameters, Reason, type ReasonName, sideBranchOf } from "@git-csi/config";
 import type { Logger } from "@git-csi/logging";
 import type { ClaimLabels, DriverMetrics } from "@git-csi/metrics";
 import type { gitcsi, gitWorker } from "@git-csi/protos";
@@ -10,9 +10,9 @@ import { failedPrecondition } from "@git-csi/protos";
 import type { RemoteAccess } from "./access";
 import { fingerprint } from "./credential";
 import { recordMetadata, replayMetadata } from "./metadata";
-import { deleteBranch, fetchBranch, fetchMetadata, pushCommit, RemoteError } from "./remote";
-import { type Store, upstreamRef } from "./store";
-import { countCommits, isAncestor, moveTree, revParse, stagedPaths, stagePaths, statusOf } from "./tree";
+import { deleteBranch, fetchBranch, fetchMetadata, pushCommit, pushMetadata, RemoteError } from "./remote";
+import { type Store, UPSTREAM_METADATA, upstreamRef } from "./store";
+import { canMoveTree, countCommits, isAncestor, moveTree, revParse, stagedPaths, stagePaths, statusOf } from "./tree";
 import { type PreparedTree, volumeBranch } from "./stage";
 
 /** Paths the driver never commits: libfuse's names for open, unlinked files. */
@@ -40,6 +40,11 @@ export interface SyncContext {
   stageFingerprint: string;
   /** Opens access with another Secret's credential. */
   openAccess(data: Record<string, string>): Promise<RemoteAccess>;
+  /**
+   * Runs work on the URL's bare repository alone: volumes of one URL share it,
+   * and two fetches of one branch would race for its ref's lock.
+   */
+  onRepository<T>(work: () => Promise<T>): Promise<T>;
 }
 
 /**
@@ -140,7 +145,7 @@ export class VolumeSync {
     this.applyClass(classToApply);
     this.warnIfHostKeyUnverified();
     await this.writeExcludes();
-    await this.enqueue(() => (reused ? this.reconcileAtStage(fetched) : this.replayMetadata()));
+    await this.enqueue(() => this.ctx.onRepository(() => (reused ? this.reconcileAtStage(fetched) : this.replayMetadata())));
     const treeDir = this.ctx.store.treeDir(this.ctx.volumeId);
     const snapshot = this.snapshotFile();
     const saved = await fs.readFile(this.pendingFile(), "utf8").then((t) => JSON.parse(t) as string[], () => undefined);
@@ -395,7 +400,8 @@ export class VolumeSync {
   /** Any failure to reach the remote on the way (a fetch, the metadata, the push itself) is a failed push. */
   private async push(trigger: string): Promise<{ pushed: boolean; message: string }> {
     try {
-      return await this.pushOnce(trigger);
+      // A whole push, fetch and rebase included, holds the URL's repository: volumes of one URL take turns.
+      return await this.ctx.onRepository(() => this.pushOnce(trigger));
     } catch (err) {
       if (err instanceof RemoteError) return this.pushFailed(err.message);
       throw err;
@@ -413,30 +419,65 @@ export class VolumeSync {
     }
     if (this.onSideBranch) await this.tryToHeal();
     if (this.unpushed === 0 && !this.refDeleted && this.metadataChanged.size === 0) return { pushed: true, message: "nothing to push" };
-    for (let attempt = 0; ; attempt++) {
-      const head = await revParse(this.tree, "HEAD");
-      const recorded = [...this.metadataChanged];
-      const metadata = await this.recordMetadata(recorded);
-      const result = await this.remote((repo) => pushCommit(repo, head, this.pushBranch, metadata));
+    // The rebased commit goes out straight from the scratch worktree; the pod's tree takes it once it landed.
+    const head = await revParse(this.tree, "HEAD");
+    let candidate = head;
+    for (let attempt = 0; this.unpushed > 0 || this.refDeleted; attempt++) {
+      const result = await this.remote((repo) => pushCommit(repo, candidate, this.pushBranch));
       if (result.outcome === "pushed") {
-        for (const p of recorded) this.metadataChanged.delete(p);
-        return this.pushed();
+        if (candidate !== head) await this.takeRebased(head, candidate);
+        this.pushed();
+        await this.refreshUnpushed();
+        break;
       }
       if (result.outcome === "failed") return this.pushFailed(result.message);
       if (this.onSideBranch) return this.pushFailed(`the side branch ${this.sideBranch} moved on the remote: ${result.message}`);
-      if (attempt === REBASE_ATTEMPTS) {
-        await this.moveToSideBranch(`the push was still rejected after ${REBASE_ATTEMPTS} rebases`);
-        continue;
+      this.ctx.logger.info("the push was rejected: the remote moved", { volume: this.ctx.volumeId, operation: "push", attempt, detail: result.message });
+      const rebased = attempt === REBASE_ATTEMPTS ? `the push was still rejected after ${REBASE_ATTEMPTS} rebases` : await this.rebaseOntoUpstream(head);
+      if (typeof rebased === "string") {
+        await this.moveToSideBranch(rebased);
+        candidate = head;
+      } else {
+        candidate = rebased.commit;
       }
-      const outcome = await this.rebaseOntoUpstream();
-      if (outcome !== "rebased") {
-        await this.moveToSideBranch(outcome);
-        continue;
+    }
+    await this.pushMetadata();
+    return { pushed: true, message: `pushed to ${this.pushBranch}` };
+  }
+
+  /**
+   * Records the modes, owners and empty directories of the paths the watcher
+   * saw on top of the remote's refs/git-csi/metadata, which other volumes of
+   * the repository update too: a refused compare-and-swap fetches and records again.
+   */
+  private async pushMetadata(): Promise<void> {
+    for (let attempt = 0; this.metadataChanged.size > 0; attempt++) {
+      const recorded = [...this.metadataChanged];
+      const base = await revParse(this.repo, UPSTREAM_METADATA);
+      const commit = await recordMetadata({
+        repo: this.repo,
+        treeDir: this.ctx.store.treeDir(this.ctx.volumeId),
+        branch: this.ctx.branch,
+        base,
+        changedPaths: recorded,
+        indexFile: path.join(this.ctx.store.volumeDir(this.ctx.volumeId), "metadata.index"),
+        author: this.policy!.author,
+        tree: this.tree,
+      });
+      const result = commit === base ? ({ outcome: "pushed" } as const) : await this.remote((repo) => pushMetadata(repo, commit));
+      if (result.outcome === "pushed") {
+        for (const p of recorded) this.metadataChanged.delete(p);
+        return;
       }
+      if (result.outcome === "failed" || attempt === REBASE_ATTEMPTS) {
+        this.ctx.logger.warn(`${METADATA_REF} was not pushed; the next push records it again: ${result.message}`, { volume: this.ctx.volumeId, operation: "metadata" });
+        return;
+      }
+      await this.remote((repo) => fetchMetadata(repo));
     }
   }
 
-  private pushed(): { pushed: boolean; message: string } {
+  private pushed(): void {
     this.lastPushAt = Date.now();
     this.lastPushError = "";
     this.unpushed = 0;
@@ -444,7 +485,6 @@ export class VolumeSync {
     this.emit(Reason.Pushed, "Normal", `pushed to ${this.pushBranch}`);
     this.ensureLatencyTimer();
     this.publishMetrics();
-    return { pushed: true, message: `pushed to ${this.pushBranch}` };
   }
 
   private pushFailed(message: string): { pushed: boolean; message: string } {
@@ -457,27 +497,6 @@ export class VolumeSync {
     this.retryTimer = setTimeout(() => void this.sync("a failed push").catch((err: unknown) => this.fail("sync", err)), delay);
     this.publishMetrics();
     return { pushed: false, message };
-  }
-
-  /**
-   * Records the modes, owners and empty directories of the changed paths on
-   * top of the remote's latest refs/git-csi/metadata, which other volumes of
-   * the repository update too. Undefined when nothing changed.
-   */
-  private async recordMetadata(changedPaths: string[]): Promise<{ commit: string; expected: string } | undefined> {
-    if (changedPaths.length === 0) return undefined;
-    const expected = await this.remote((repo) => fetchMetadata(repo));
-    const commit = await recordMetadata({
-      repo: this.repo,
-      treeDir: this.ctx.store.treeDir(this.ctx.volumeId),
-      branch: this.ctx.branch,
-      base: expected,
-      changedPaths,
-      indexFile: path.join(this.ctx.store.volumeDir(this.ctx.volumeId), "metadata.index"),
-      author: this.policy!.author,
-      tree: this.tree,
-    });
-    return commit === expected ? undefined : { commit, expected };
   }
 
   /** A restore: a new tree takes the modes, owners and empty directories the metadata ref recorded. */
@@ -501,24 +520,29 @@ export class VolumeSync {
    * worktree, beside the pod's tree; then moves the pod's tree to the result
    * in one step. Returns why it could not, for the side branch's message.
    */
-  private async rebaseOntoUpstream(): Promise<"rebased" | string> {
-    if ((await this.remote((repo) => fetchBranch(repo, this.ctx.branch))) === "missing") {
+  private async rebaseOntoUpstream(head: string): Promise<{ commit: string } | string> {
+    if ((await this.remote((repo) => fetchBranch(repo, this.ctx.branch, true))) === "missing") {
       this.refDeleted = true;
       this.emit(Reason.RefDeleted, "Warning", `${this.ctx.branch} was deleted upstream; the volume's commits go to ${this.sideBranch} so nothing is lost`);
       return `${this.ctx.branch} was deleted upstream`;
     }
     const upstream = await revParse(this.repo, upstreamRef(this.ctx.branch));
-    const head = await revParse(this.tree, "HEAD");
     // Only the metadata ref moved (another volume of the repository pushed): nothing to rebase.
-    if (await isAncestor(this.repo, upstream, head)) return "rebased";
+    if (await isAncestor(this.repo, upstream, head)) return { commit: head };
     const rebased = await this.rebaseInScratch(head, upstream);
     if (rebased === undefined) return `rebasing onto ${this.ctx.branch} conflicted and was aborted`;
-    if (!(await moveTree(this.tree, `refs/heads/${volumeBranch(this.ctx.volumeId)}`, head, rebased))) {
-      return `a file the application changed since the last commit was also changed upstream`;
+    if (!(await canMoveTree(this.tree, head, rebased))) return "a file the application changed since the last commit was also changed upstream";
+    return { commit: rebased };
+  }
+
+  /** The pod's tree takes a rebased commit that landed, in one step. */
+  private async takeRebased(head: string, rebased: string): Promise<void> {
+    if (await moveTree(this.tree, `refs/heads/${volumeBranch(this.ctx.volumeId)}`, head, rebased)) {
+      this.emit(Reason.Rebased, "Normal", `${this.ctx.branch} moved upstream; the volume's commits were rebased onto it and the pod's tree took upstream's files`);
+    } else {
+      // The application wrote a file upstream changed after the check: the next cycle's rebase decides.
+      this.ctx.logger.warn("the pod's tree keeps its commit until the next cycle: the application changed a file upstream changed too", { volume: this.ctx.volumeId, operation: "rebase" });
     }
-    this.emit(Reason.Rebased, "Normal", `${this.ctx.branch} moved upstream; the volume's commits were rebased onto it and the pod's tree took upstream's files`);
-    await this.refreshUnpushed();
-    return "rebased";
   }
 
   /** The rebased commit, or undefined when the rebase conflicted (and was aborted). */

@@ -56,18 +56,25 @@ export async function stagedPaths(git: SimpleGit): Promise<string[]> {
 }
 
 /**
+ * Whether the tree can move from one commit to another in one step: git
+ * refuses where a file changed in the tree since its last commit was also
+ * changed between the two commits.
+ */
+export async function canMoveTree(git: SimpleGit, from: string, to: string): Promise<boolean> {
+  await git.raw(["update-index", "-q", "--refresh"]).catch(() => undefined);
+  return git.raw(["read-tree", "-m", "-u", "-n", from, to]).then(
+    () => true,
+    () => false,
+  );
+}
+
+/**
  * Brings the tree from one commit to another in one step that rewrites only
- * the files that differ between them. A file changed in the tree since its
- * last commit is kept; where the other commit changed that same file, git
- * refuses and nothing is written: the caller learns it from the false.
+ * the files that differ between them, keeping the files the application
+ * changed since its last commit. False, and nothing written, where git refuses.
  */
 export async function moveTree(git: SimpleGit, branchRef: string, from: string, to: string): Promise<boolean> {
-  await git.raw(["update-index", "-q", "--refresh"]).catch(() => undefined);
-  try {
-    await git.raw(["read-tree", "-m", "-u", "-n", from, to]);
-  } catch {
-    return false;
-  }
+  if (!(await canMoveTree(git, from, to))) return false;
   await git.raw(["read-tree", "-m", "-u", from, to]);
   await git.raw(["update-ref", branchRef, to, from]);
   return true;

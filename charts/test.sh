@@ -1,0 +1,357 @@
+#!/usr/bin/env bash
+# Checks the git.liken.sh Helm chart: lint, render with default values and
+# with the ServiceMonitor on, parse every rendered manifest, check that
+# values.schema.json rejects bad values, that the Grafana dashboard names only
+# metrics the driver exports, and that the Home Assistant example matches
+# spec 004. Installs helm (pinned) into .cache/bin if it is missing.
+#
+#   bash charts/test.sh
+#
+# Prints one line per check and a summary line; exits non-zero on any failure.
+set -uo pipefail
+
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+CHART="$ROOT/charts/git-csi"
+HELM_VERSION=v3.21.4
+# A helm built with `go install` carries no ldflags, so it would assume
+# Kubernetes v1.20 and refuse the chart's kubeVersion; render for the oldest
+# Kubernetes the chart supports instead.
+KUBE_VERSION=v1.34.0
+BIN="$ROOT/.cache/bin"
+export PATH="$BIN:$PATH"
+
+# --- helm, idempotently -------------------------------------------------------
+helm_module_version() {
+  go version -m "$BIN/helm" 2>/dev/null | awk '$1 == "mod" && $2 == "helm.sh/helm/v3" { print $3 }'
+}
+if [ -x "$BIN/helm" ] && ! command -v go >/dev/null; then
+  echo "go is not on PATH: using $BIN/helm without checking that it is $HELM_VERSION"
+elif [ ! -x "$BIN/helm" ] || [ "$(helm_module_version)" != "$HELM_VERSION" ]; then
+  echo "installing helm $HELM_VERSION into $BIN (go install; the first time takes a few minutes)"
+  mkdir -p "$BIN"
+  if ! GOBIN="$BIN" go install "helm.sh/helm/v3/cmd/helm@$HELM_VERSION"; then
+    echo "chart: could not install helm $HELM_VERSION" >&2
+    echo "chart: 0 passed, 1 failed"
+    exit 1
+  fi
+fi
+HELM="$BIN/helm"
+
+# --- PyYAML, to parse what helm renders -------------------------------------------
+# Debian's python3-yaml is usually there; otherwise it goes into .cache/python.
+if ! python3 -c 'import yaml' 2>/dev/null; then
+  export PYTHONPATH="$ROOT/.cache/python${PYTHONPATH:+:$PYTHONPATH}"
+  if ! python3 -c 'import yaml' 2>/dev/null; then
+    echo "installing PyYAML into $ROOT/.cache/python"
+    python3 -m pip install --quiet --target "$ROOT/.cache/python" pyyaml || {
+      echo "chart: could not install PyYAML" >&2
+      echo "chart: 0 passed, 1 failed"
+      exit 1
+    }
+  fi
+fi
+
+WORK=$(mktemp -d)
+trap 'rm -rf "$WORK"' EXIT
+
+PASSED=0
+FAILED=0
+FAILURES=()
+# check NAME COMMAND...: runs the command, output to $WORK/log.
+check() {
+  local name=$1
+  shift
+  if "$@" >"$WORK/log" 2>&1; then
+    PASSED=$((PASSED + 1))
+    echo "ok   $name"
+  else
+    FAILED=$((FAILED + 1))
+    FAILURES+=("$name")
+    echo "FAIL $name"
+    sed 's/^/     | /' "$WORK/log"
+  fi
+}
+
+# The checks on parsed manifests, dashboard and examples, in one Python file.
+cat >"$WORK/checks.py" <<'PY'
+import glob, json, os, re, sys
+import yaml
+
+ROOT = os.environ["ROOT"]
+CHART = os.path.join(ROOT, "charts", "git-csi")
+DRIVER = "git.liken.sh"
+# The metrics spec 004 names ("What the driver reports"); the dashboard shows each.
+SPEC_METRICS = {
+    "git_csi_volume_abnormal", "git_csi_armed", "git_csi_pending_paths", "git_csi_unpushed_commits",
+    "git_csi_last_push_timestamp_seconds", "git_csi_push_failures_total", "git_csi_skipped_files", "git_csi_diverged",
+}
+problems = []
+
+def expect(cond, message):
+    if not cond:
+        problems.append(message)
+    return cond
+
+def load(path):
+    with open(path) as f:
+        docs = [d for d in yaml.safe_load_all(f) if d is not None]
+    for i, d in enumerate(docs):
+        if not isinstance(d, dict) or not d.get("apiVersion") or not d.get("kind") or not (d.get("metadata") or {}).get("name"):
+            raise SystemExit(f"{path}: document {i} has no apiVersion, kind or metadata.name: {str(d)[:200]}")
+    return docs
+
+def find(docs, kind, name_suffix=""):
+    return [d for d in docs if d["kind"] == kind and d["metadata"]["name"].endswith(name_suffix)]
+
+def containers(workload):
+    return {c["name"]: c for c in workload["spec"]["template"]["spec"]["containers"]}
+
+def arg(container, flag):
+    for a in container.get("args", []):
+        if a.startswith(flag + "="):
+            return a.split("=", 1)[1]
+    return None
+
+def pinned(image):
+    tag = image.rsplit(":", 1)[1] if ":" in image.rsplit("/", 1)[-1] else ""
+    return tag not in ("", "latest")
+
+def check_render(path, service_monitor):
+    docs = load(path)
+    kinds = sorted(d["kind"] for d in docs)
+    print(f"{len(docs)} manifests: {', '.join(kinds)}")
+
+    drivers = find(docs, "CSIDriver")
+    if expect(len(drivers) == 1, "one CSIDriver"):
+        d = drivers[0]
+        expect(d["metadata"]["name"] == DRIVER, f"CSIDriver is named {DRIVER}")
+        want = {"attachRequired": False, "podInfoOnMount": True, "requiresRepublish": True, "fsGroupPolicy": "None", "volumeLifecycleModes": ["Persistent"]}
+        for k, v in want.items():
+            expect(d["spec"].get(k) == v, f"CSIDriver spec.{k} is {v!r}, not {d['spec'].get(k)!r}")
+
+    sas = find(docs, "ServiceAccount")
+    expect(len({s["metadata"]["name"] for s in sas}) == 2, "two ServiceAccounts, node and controller")
+
+    ds = find(docs, "DaemonSet")
+    if expect(len(ds) == 1, "one node DaemonSet"):
+        ds = ds[0]
+        spec = ds["spec"]["template"]["spec"]
+        c = containers(ds)
+        expect(set(c) == {"csi-frontend", "mount-owner", "git-worker", "node-driver-registrar", "livenessprobe"}, f"node containers: {sorted(c)}")
+        vols = {v["name"]: v for v in spec["volumes"]}
+        host = lambda name: (vols.get(name) or {}).get("hostPath", {}).get("path")
+        if "csi-frontend" in c:
+            f = c["csi-frontend"]
+            expect(arg(f, "--mode") == "node", "node csi-frontend runs --mode=node")
+            expect(arg(f, "--endpoint") == "unix:///csi/csi.sock", "node csi-frontend serves /csi/csi.sock")
+            csi_mount = [m for m in f["volumeMounts"] if m["mountPath"] == "/csi"]
+            expect(csi_mount and host(csi_mount[0]["name"]) == f"/var/lib/kubelet/plugins/{DRIVER}", "the CSI socket is in the kubelet plugin dir")
+        if "mount-owner" in c:
+            m = c["mount-owner"]
+            expect(m.get("securityContext", {}).get("privileged") is True, "mount-owner is privileged")
+            kubelet = [v for v in m["volumeMounts"] if v["mountPath"] == "/var/lib/kubelet"]
+            expect(kubelet and kubelet[0].get("mountPropagation") == "Bidirectional", "mount-owner has /var/lib/kubelet with Bidirectional propagation")
+            expect(any(v["mountPath"] == "/dev/fuse" and host(v["name"]) == "/dev/fuse" for v in m["volumeMounts"]), "mount-owner has /dev/fuse")
+            expect(any(host(v["name"]) == "/var/lib/git-csi" for v in m["volumeMounts"]), "mount-owner has the state hostPath")
+            expect(arg(m, "--git-worker") == "unix:///var/lib/git-csi/sockets/git-worker.sock", "mount-owner dials the git-worker's socket")
+        if "git-worker" in c:
+            g = c["git-worker"]
+            ports = {p["name"]: p["containerPort"] for p in g.get("ports", [])}
+            expect("metrics" in ports, "git-worker declares a metrics containerPort")
+            expect(arg(g, "--metrics-address") == f"0.0.0.0:{ports.get('metrics')}", "git-worker --metrics-address matches its metrics port")
+            expect(any(host(v["name"]) == "/var/lib/git-csi" for v in g["volumeMounts"]), "git-worker has the state hostPath")
+        if "node-driver-registrar" in c:
+            expect(arg(c["node-driver-registrar"], "--kubelet-registration-path") == f"/var/lib/kubelet/plugins/{DRIVER}/csi.sock", "registrar registers the kubelet-side socket path")
+        for name in ("csi-frontend", "mount-owner"):
+            env = {e["name"]: e for e in c.get(name, {}).get("env", [])}
+            expect(env.get("NODE_NAME", {}).get("valueFrom", {}).get("fieldRef", {}).get("fieldPath") == "spec.nodeName", f"{name} has NODE_NAME from spec.nodeName")
+        for name in ("node-driver-registrar", "livenessprobe"):
+            if name in c:
+                expect(c[name]["image"].startswith("registry.k8s.io/sig-storage/") and pinned(c[name]["image"]), f"{name} image is a pinned sig-storage image: {c[name]['image']}")
+
+    dep = find(docs, "Deployment")
+    if expect(len(dep) == 1, "one controller Deployment"):
+        dep = dep[0]
+        expect(dep["spec"].get("replicas") == 1, "controller runs 1 replica")
+        c = containers(dep)
+        expect({"csi-frontend", "mount-owner", "git-worker", "csi-provisioner", "csi-resizer"} <= set(c), f"controller containers: {sorted(c)}")
+        if "csi-frontend" in c:
+            expect(arg(c["csi-frontend"], "--mode") == "controller", "controller csi-frontend runs --mode=controller")
+        for name in ("csi-provisioner", "csi-resizer"):
+            if name in c:
+                expect(arg(c[name], "--feature-gates") == "VolumeAttributesClass=true", f"{name} has --feature-gates=VolumeAttributesClass=true")
+                expect(c[name]["image"].startswith("registry.k8s.io/sig-storage/") and pinned(c[name]["image"]), f"{name} image is a pinned sig-storage image: {c[name]['image']}")
+        sec = dep["spec"]["template"]["spec"].get("securityContext", {})
+        expect(sec.get("runAsNonRoot") is True, "controller pod runs as non-root")
+
+    roles = {r["metadata"]["name"]: r for r in find(docs, "ClusterRole")}
+    node_role = [r for n, r in roles.items() if n.endswith("-node")]
+    if expect(len(node_role) == 1, "one node ClusterRole"):
+        rules = node_role[0]["rules"]
+        def allows(group, resource, verbs):
+            return any(group in r["apiGroups"] and resource in r["resources"] and set(verbs) <= set(r["verbs"]) for r in rules)
+        for group, resource, verbs in [("", "persistentvolumes", ["get", "list", "watch"]), ("", "persistentvolumeclaims", ["get", "list", "watch"]),
+                                       ("storage.k8s.io", "volumeattributesclasses", ["get", "list", "watch"]), ("", "events", ["create", "patch"])]:
+            expect(allows(group, resource, verbs), f"node role allows {verbs} on {group or 'core'}/{resource}")
+        expect(not any(v in r["verbs"] for r in rules for v in ("*", "delete", "update") if r["resources"] != ["events"]), "node role writes nothing but events")
+    for r in roles.values():
+        expect(not any("*" in rule.get("verbs", []) or "*" in rule.get("resources", []) for rule in r["rules"]), f"{r['metadata']['name']} uses no wildcard")
+
+    svc = [s for s in find(docs, "Service") if s["metadata"]["name"].endswith("-node-metrics")]
+    expect(len(svc) == 1, "a Service for the node metrics")
+
+    cms = [c for c in find(docs, "ConfigMap") if (c["metadata"].get("labels") or {}).get("grafana_dashboard") == "1"]
+    if expect(len(cms) == 1, "one ConfigMap labeled grafana_dashboard: \"1\""):
+        with open(os.path.join(CHART, "dashboards", "git-csi.json")) as f:
+            expect(json.loads(cms[0]["data"]["git-csi.json"]) == json.load(f), "the ConfigMap holds dashboards/git-csi.json")
+
+    sms = find(docs, "ServiceMonitor")
+    if service_monitor:
+        if expect(len(sms) == 1, "one ServiceMonitor when metrics.serviceMonitor.enabled"):
+            eps = sms[0]["spec"]["endpoints"]
+            expect(eps and eps[0].get("port") == "metrics" and eps[0].get("honorLabels") is True, "ServiceMonitor scrapes port metrics with honorLabels")
+    else:
+        expect(not sms, "no ServiceMonitor by default")
+
+# --- the dashboard's metric names ---------------------------------------------
+PROMQL_WORDS = {"and", "or", "unless", "bool", "offset", "by", "without", "on", "ignoring", "group_left", "group_right", "inf", "nan", "atan2"}
+
+def metric_names(expr):
+    """Metric names in a PromQL expression: identifiers that are not functions,
+    aggregations, keywords, label names or variables."""
+    e = re.sub(r'"(?:[^"\\]|\\.)*"|\'(?:[^\'\\]|\\.)*\'|`[^`]*`', '""', expr)   # strings (matcher values, $vars in them)
+    e = re.sub(r"\{[^}]*\}", "", e)                                             # label matchers
+    e = re.sub(r"\[[^\]]*\]", "", e)                                            # ranges and subqueries
+    e = re.sub(r"\b(by|without|on|ignoring|group_left|group_right)\s*\([^)]*\)", " ", e)  # label lists
+    e = re.sub(r"\$\{?\w+\}?", " ", e)                                          # Grafana variables
+    names = set()
+    for m in re.finditer(r"(?<![\w.:])[a-zA-Z_:][a-zA-Z0-9_:]*(?![\w(])(?!\s*\()", e):
+        word = m.group(0)
+        if word.lower() not in PROMQL_WORDS and not re.fullmatch(r"(?i)[0-9.]*e[0-9]+", word):
+            names.add(word)
+    return names
+
+def exported_metrics():
+    names = set()
+    for path in glob.glob(os.path.join(ROOT, "packages", "metrics", "src", "*.ts")):
+        with open(path) as f:
+            names |= set(re.findall(r'\bname:\s*["\']([a-zA-Z_:][a-zA-Z0-9_:]*)["\']', f.read()))
+    return names
+
+def check_dashboard():
+    exported = exported_metrics()
+    print(f"exported by packages/metrics: {', '.join(sorted(exported))}")
+    expect(SPEC_METRICS <= exported, f"packages/metrics exports every spec 004 metric; missing: {sorted(SPEC_METRICS - exported)}")
+    with open(os.path.join(CHART, "dashboards", "git-csi.json")) as f:
+        dash = json.load(f)
+    exprs = []
+    def walk(node, where):
+        if isinstance(node, dict):
+            if "type" in node and "title" in node:
+                where = f"panel {node['title']!r}"
+            for k, v in node.items():
+                if k == "expr" and isinstance(v, str):
+                    exprs.append((where, v))
+                else:
+                    walk(v, where)
+        elif isinstance(node, list):
+            for item in node:
+                walk(item, where)
+    walk(dash.get("panels", []), "panels")
+    for var in dash.get("templating", {}).get("list", []):
+        if var.get("type") == "query":
+            q = var["query"]["query"] if isinstance(var.get("query"), dict) else var.get("query", "")
+            m = re.fullmatch(r"\s*label_values\((.*),\s*[a-zA-Z_]\w*\s*\)\s*", q)
+            exprs.append((f"variable ${var['name']}", m.group(1) if m else q))
+    expect(exprs, "the dashboard has PromQL expressions")
+    referenced = set()
+    for where, expr in exprs:
+        names = metric_names(expr)
+        expect(names, f"{where}: no metric name found in {expr!r}")
+        for name in names:
+            base = re.sub(r"_(bucket|sum|count)$", "", name)
+            known = name in exported or (base != name and base in exported)
+            expect(known, f"{where}: {name} is not a metric the driver exports (in {expr!r})")
+        referenced |= names
+    print(f"{len(exprs)} expressions reference: {', '.join(sorted(referenced))}")
+    expect(SPEC_METRICS <= referenced, f"the dashboard shows every spec 004 metric; missing: {sorted(SPEC_METRICS - referenced)}")
+    expect(any(r.get("type") == "row" and r.get("repeat") == "claim" for r in dash.get("panels", [])), "a row repeats on the claim variable")
+    expect(any("time() - " in e and "git_csi_last_push_timestamp_seconds" in e for _, e in exprs), "last push age is time() - git_csi_last_push_timestamp_seconds")
+    expect(any(re.search(r"\b(rate|increase)\(git_csi_push_failures_total\b", e) for _, e in exprs), "push failures use rate/increase of git_csi_push_failures_total")
+
+def check_examples():
+    docs = []
+    for path in sorted(glob.glob(os.path.join(ROOT, "docs", "examples", "homeassistant", "*.yaml"))):
+        docs += load(path)
+    by = lambda kind: [d for d in docs if d["kind"] == kind]
+    pv = by("PersistentVolume")
+    if expect(len(pv) == 1, "one PersistentVolume"):
+        s = pv[0]["spec"]
+        expect(s["accessModes"] == ["ReadWriteOncePod"], "the PV is ReadWriteOncePod")
+        expect(s["csi"]["driver"] == DRIVER and set(s["csi"]["volumeAttributes"]) == {"url", "ref"}, "the PV names the driver, url and ref")
+        expect(s["csi"].get("nodeStageSecretRef") == s["csi"].get("nodePublishSecretRef") and s["csi"].get("nodeStageSecretRef"), "the PV names one Secret in both references")
+    pvc = by("PersistentVolumeClaim")
+    if expect(len(pvc) == 1, "one claim"):
+        expect(pvc[0]["spec"]["volumeName"] == pv[0]["metadata"]["name"] if pv else False, "the claim names the volume")
+        expect("volumeAttributesClassName" not in pvc[0]["spec"], "the claim names no class until it is bound")
+    vac = by("VolumeAttributesClass")
+    if expect(len(vac) == 1, "one VolumeAttributesClass"):
+        expect(vac[0]["apiVersion"] == "storage.k8s.io/v1" and vac[0]["driverName"] == DRIVER, "the class is storage.k8s.io/v1 for the driver")
+        expect(set(vac[0]["parameters"]) == {"push.quiesce", "push.maxLatency", "commit.maxFileSize", "commit.author", "ignore"}, "the class has spec 004's parameters")
+    sec = by("Secret")
+    expect(len(sec) == 1 and sec[0]["type"] == "kubernetes.io/ssh-auth" and "ssh-privatekey" in sec[0].get("stringData", {}), "an ssh-auth Secret with ssh-privatekey")
+    dep = by("Deployment")
+    if expect(len(dep) == 1, "one Deployment"):
+        expect(dep[0]["spec"].get("strategy", {}).get("type") == "Recreate", "the Deployment uses strategy: Recreate")
+        claims = [v["persistentVolumeClaim"]["claimName"] for v in dep[0]["spec"]["template"]["spec"].get("volumes", []) if "persistentVolumeClaim" in v]
+        expect(pvc and claims == [pvc[0]["metadata"]["name"]], "the Deployment mounts the claim")
+
+what = sys.argv[1]
+if what == "render":
+    check_render(sys.argv[2], service_monitor=sys.argv[3] == "servicemonitor")
+elif what == "dashboard":
+    check_dashboard()
+elif what == "examples":
+    check_examples()
+for p in problems:
+    print(f"not ok: {p}")
+sys.exit(1 if problems else 0)
+PY
+export ROOT
+
+# Renders the chart into OUT and checks the manifests: template_ok OUT MODE [helm flags...]
+template_ok() {
+  local out=$1 mode=$2
+  shift 2
+  "$HELM" template git-csi "$CHART" --namespace git-csi --kube-version "$KUBE_VERSION" "$@" >"$out" &&
+    python3 "$WORK/checks.py" render "$out" "$mode"
+}
+
+# A bad value must fail, and fail on the schema, not on something else.
+rejects() { # rejects DESCRIPTION helm-flags...
+  local what=$1
+  shift
+  if "$HELM" template git-csi "$CHART" --kube-version "$KUBE_VERSION" "$@" >"$WORK/bad.yaml" 2>"$WORK/bad.err"; then
+    echo "helm template accepted $what"
+    return 1
+  fi
+  cat "$WORK/bad.err"
+  grep -qi "schema" "$WORK/bad.err"
+}
+
+check "helm lint" "$HELM" lint "$CHART" --kube-version "$KUBE_VERSION"
+check "helm lint --strict" "$HELM" lint --strict "$CHART" --kube-version "$KUBE_VERSION"
+check "helm template (defaults) parses and has the driver's objects" template_ok "$WORK/default.yaml" default
+check "helm template (ServiceMonitor on) parses and has the ServiceMonitor" template_ok "$WORK/sm.yaml" servicemonitor \
+  --set metrics.serviceMonitor.enabled=true --set-string metrics.serviceMonitor.labels.release=prometheus
+check "values.schema.json rejects node.metricsPort=notanumber" rejects "node.metricsPort=notanumber" --set node.metricsPort=notanumber
+check "values.schema.json rejects an unknown value (node.metricPort)" rejects "node.metricPort=9000" --set node.metricPort=9000
+check "values.schema.json rejects an image pull policy it does not know" rejects "images.csiFrontend.pullPolicy=Sometimes" --set images.csiFrontend.pullPolicy=Sometimes
+check "dashboard names only metrics the driver exports" python3 "$WORK/checks.py" dashboard
+check "docs/examples/homeassistant matches spec 004" python3 "$WORK/checks.py" examples
+
+if [ "$FAILED" -gt 0 ]; then
+  printf 'failed: %s\n' "${FAILURES[@]}"
+fi
+echo "chart: $PASSED passed, $FAILED failed"
+[ "$FAILED" -eq 0 ]
