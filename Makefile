@@ -15,7 +15,7 @@ CACHE := $(CURDIR)/.cache
 GOBIN := $(CACHE)/bin
 export PATH := $(GOBIN):$(PATH)
 
-.PHONY: deps apt pnpm node-deps go-tools build test unit e2e sanity demo bench clean
+.PHONY: deps apt pnpm node-deps go-tools build test unit e2e sanity chart demo bench clean
 
 apt:
 	@missing=$$(for p in $(APT_PACKAGES); do dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null | grep -q '^install ok installed' || echo $$p; done); \
@@ -46,10 +46,15 @@ e2e: build
 sanity: build go-tools
 	node e2e/dist/src/sanity.js
 
+# helm lint and template, values.schema.json, and the dashboard's metric names.
+chart:
+	bash charts/test.sh
+
 test: deps build
 	pnpm run test:unit
 	pnpm run test:e2e
 	node e2e/dist/src/sanity.js
+	bash charts/test.sh
 
 demo: build
 	node e2e/dist/src/demo.js

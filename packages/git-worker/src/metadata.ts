@@ -452,6 +452,15 @@ async function ignoredAmong(tree: SimpleGit | undefined, paths: string[]): Promi
   const out = new Set<string>();
   if (!tree) return out;
   const asked = paths.filter((p) => p !== "");
+  if (asked.length > ARG_BATCH) {
+    // Many paths (a branch's first record walks the whole tree): one listing of what git
+    // ignores, rather than one check-ignore per batch that each reads the whole index.
+    const listed = (await tree.raw(["ls-files", "-z", "--others", "--ignored", "--exclude-standard", "--directory"])).split("\0").filter((p) => p !== "");
+    const files = new Set(listed);
+    const dirs = listed.filter((p) => p.endsWith("/"));
+    for (const p of asked) if (files.has(p) || files.has(`${p}/`) || dirs.some((d) => p.startsWith(d))) out.add(p);
+    return out;
+  }
   for (let i = 0; i < asked.length; i += ARG_BATCH) {
     // Exit status 1 with nothing on stderr means none is ignored: simple-git resolves it with "".
     const text = await tree.raw(["--no-literal-pathspecs", "check-ignore", "--", ...asked.slice(i, i + ARG_BATCH).map((p) => `./${p}`)]);

@@ -371,7 +371,11 @@ export class VolumeSync {
       if (staged.length > 0) {
         const subject = `${this.ctx.claim.name ? `${this.ctx.claim.namespace}/${this.ctx.claim.name}` : this.ctx.volumeId}: ${staged.length} path(s) after ${trigger}`;
         const body = staged.slice(0, 50).join("\n") + (staged.length > 50 ? `\n… and ${staged.length - 50} more` : "");
-        await this.tree.raw(["commit", "--quiet", "--no-verify", "-m", subject, "-m", body]);
+        // Plumbing, not `git commit`: that re-checks every tracked file, and the cost must follow the change.
+        const parent = await revParse(this.tree, "HEAD");
+        const treeOid = (await this.tree.raw(["write-tree"])).trim();
+        const commit = (await this.tree.raw(["commit-tree", treeOid, "-p", parent, "-m", subject, "-m", body])).trim();
+        await this.tree.raw(["update-ref", "-m", "git-csi: commit", "HEAD", commit, parent]);
         this.oldestUnpushedAt ??= Date.now();
         this.ctx.logger.info("committed", { volume: this.ctx.volumeId, operation: "commit", paths: staged.length, trigger });
       }

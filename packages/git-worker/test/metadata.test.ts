@@ -268,6 +268,34 @@ test("ignored paths are not recorded when the tree's git is given", async () => 
   assert.equal(await record(f, commit, [".storage/db"], "main", treeGit), commit);
 });
 
+test("ignored paths are not recorded either when a first record asks about more paths than one batch", async () => {
+  const f = await fixture();
+  const wt = path.join(f.dir, "wt.git");
+  f.git(["init", "--bare", "--quiet", wt]);
+  f.git(["config", "core.bare", "false"], { GIT_DIR: wt });
+  const excludes = path.join(f.dir, "ignore");
+  await fs.writeFile(excludes, ".storage/\n*.log\n");
+  const treeGit = simpleGit({ baseDir: f.dir, trimmed: false, config: [`core.excludesFile=${excludes}`] }).env({
+    PATH: process.env.PATH ?? "/usr/bin:/bin",
+    HOME: f.dir,
+    GIT_DIR: wt,
+    GIT_WORK_TREE: f.tree,
+    GIT_LITERAL_PATHSPECS: "1",
+  });
+  for (let i = 0; i < 600; i++) await file(path.join(f.tree, "bulk", `f${i}.yaml`), 0o640);
+  await file(path.join(f.tree, "bulk", "noise.log"), 0o600);
+  await file(path.join(f.tree, "tracked.log"), 0o640);
+  await file(path.join(f.tree, ".storage/db"), 0o600);
+  await file(path.join(f.tree, "bulk/.storage/db"), 0o600);
+  f.git(["add", "-f", "tracked.log"], { GIT_DIR: wt, GIT_WORK_TREE: f.tree });
+  const commit = await record(f, "", [""], "main", treeGit);
+  assert.deepEqual(listing(f, commit, "main", "")?.entries.map((e) => e.name), ["bulk", "tracked.log"]);
+  const bulk = listing(f, commit, "main", "bulk")?.entries.map((e) => e.name) ?? [];
+  assert.equal(bulk.length, 600);
+  assert.ok(!bulk.includes("noise.log") && !bulk.includes(".storage"));
+  assert.equal(listing(f, commit, "main", "bulk/.storage"), undefined);
+});
+
 test("a replay restores modes, owners and empty directories in a fresh checkout", async () => {
   const f = await fixture();
   await sampleTree(f.tree);
