@@ -4,7 +4,7 @@ import * as fs from "node:fs/promises";
 import * as path from "node:path";
 import { after, before, describe, test } from "node:test";
 import { call } from "@git-csi/protos";
-import { createVolume, type Driver, mountsUnder, sh, stageAndPublish, startDriver, unpublishAndUnstage } from "../src/driver";
+import { createVolume, type Driver, mountsUnder, sh, stageAndPublish, startDriver, unpublishAndUnstage, waitFor } from "../src/driver";
 import { type GitServer, startGitDaemon } from "../src/git-server";
 
 /** An application in its own process: appends numbered lines, fsyncing each, and reports every error it meets. */
@@ -22,16 +22,6 @@ with open(path, "a") as f:
 print(errors)
 sys.exit(1 if errors else 0)
 `;
-
-async function waitFor<T>(what: string, probe: () => Promise<T | undefined>, timeoutMs = 20_000): Promise<T> {
-  const deadline = Date.now() + timeoutMs;
-  for (;;) {
-    const value = await probe().catch(() => undefined);
-    if (value !== undefined) return value;
-    if (Date.now() > deadline) throw new Error(`timed out waiting for ${what}`);
-    await new Promise((r) => setTimeout(r, 50));
-  }
-}
 
 describe("the split-service layout", () => {
   let server: GitServer;
@@ -63,11 +53,11 @@ describe("the split-service layout", () => {
     const killedAt = Date.now();
     const newPid = await waitFor("a new frontend", async () => {
       const pid = await driver.pid("csi-frontend");
-      return pid !== oldPid ? pid : undefined;
+      return pid !== oldPid && pid;
     });
     const probe = await waitFor("the new frontend to answer Probe", async () => {
       const answer = await call(driver.identity.probe.bind(driver.identity), {}, 1000);
-      return answer.ready ? answer : undefined;
+      return answer.ready && answer;
     });
     assert.equal(probe.ready, true);
     assert.notEqual(newPid, oldPid);
@@ -91,8 +81,8 @@ describe("the split-service layout", () => {
     await sh(`echo before > '${published.targetPath}/kept.txt'`);
     const oldPid = await driver.pid("mount-owner");
     process.kill(oldPid, "SIGKILL");
-    await waitFor("a new mount owner", async () => ((await driver.pid("mount-owner")) !== oldPid ? true : undefined));
-    await waitFor("Probe ready", async () => ((await call(driver.identity.probe.bind(driver.identity), {}, 1000)).ready ? true : undefined));
+    await waitFor("a new mount owner", async () => (await driver.pid("mount-owner")) !== oldPid);
+    await waitFor("Probe ready", async () => (await call(driver.identity.probe.bind(driver.identity), {}, 1000)).ready);
     // The dead FUSE connection is still in the kernel's table.
     await assert.rejects(sh(`ls '${published.targetPath}'`), /Transport endpoint is not connected/);
 

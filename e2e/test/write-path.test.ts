@@ -354,6 +354,15 @@ for (const transport of TRANSPORTS) describe(`what happens after a write, over $
   });
 
   describe("at stage, the tree is compared to the ref", () => {
+    /** A write committed while the forge refuses pushes, and the pod stopped: the tree is ahead of the ref. */
+    async function commitThatCannotPush(repo: string, volume: PublishedVolume, write: string): Promise<void> {
+      const allowPushes = await refusePushes(server, repo);
+      await sh(write);
+      await waitFor("a failed push", async () => (await report(driver, volume.volumeId)).pushFailures > 0);
+      await unpublishAndUnstage(driver, volume);
+      await allowPushes();
+    }
+
     async function restage(volume: PublishedVolume): Promise<PublishedVolume> {
       await unpublishAndUnstage(driver, volume);
       return stageAndPublish(driver, { volumeId: volume.volumeId, volumeContext: volume.context, capacityBytes: 0, contentSource: undefined, accessibleTopology: [] }, undefined, `re-${volume.volumeId}`, { stage: secret, publish: secret });
@@ -394,11 +403,7 @@ for (const transport of TRANSPORTS) describe(`what happens after a write, over $
     test("diverged: the tree's commits are rebased onto upstream", async () => {
       const { repo, volume } = await volumeOn();
       await setVolumeClass(driver, volume.volumeId, FAST);
-      const allowPushes = await refusePushes(server, repo);
-      await sh(`echo ours > '${volume.targetPath}/ours.txt'`);
-      await waitFor("a failed push", async () => (await report(driver, volume.volumeId)).pushFailures > 0);
-      await unpublishAndUnstage(driver, volume);
-      await allowPushes();
+      await commitThatCannotPush(repo, volume, `echo ours > '${volume.targetPath}/ours.txt'`);
       await server.commitFiles(repo, { "theirs.txt": "theirs\n" });
       const again = await restage(volume);
       assert.equal(await sh(`cat '${again.targetPath}/theirs.txt' '${again.targetPath}/ours.txt'`), "theirs\nours\n");
@@ -411,11 +416,7 @@ for (const transport of TRANSPORTS) describe(`what happens after a write, over $
     test("diverged with a conflict: the volume moves to its side branch at stage", async () => {
       const { repo, volume } = await volumeOn({ "configuration.yaml": "name: home\n" });
       await setVolumeClass(driver, volume.volumeId, FAST);
-      const allowPushes = await refusePushes(server, repo);
-      await sh(`echo 'name: pod' > '${volume.targetPath}/configuration.yaml'`);
-      await waitFor("a failed push", async () => (await report(driver, volume.volumeId)).pushFailures > 0);
-      await unpublishAndUnstage(driver, volume);
-      await allowPushes();
+      await commitThatCannotPush(repo, volume, `echo 'name: pod' > '${volume.targetPath}/configuration.yaml'`);
       await server.commitFiles(repo, { "configuration.yaml": "name: upstream\n" });
       const again = await restage(volume);
       assert.equal(await sh(`cat '${again.targetPath}/configuration.yaml'`), "name: pod\n");

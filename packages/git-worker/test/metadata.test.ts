@@ -235,7 +235,8 @@ test("a new directory is recorded with its ancestors from one deep path, per bra
   assert.deepEqual(listing(f, third, "feature/x", "new/a")?.entries, [entry("b", "dir", 0o755 & ~process.umask())]);
 });
 
-test("ignored paths are not recorded when the tree's git is given", async () => {
+/** A fixture whose tree has git of its own, as the store's, ignoring .storage/ and *.log. */
+async function ignoringFixture(): Promise<{ f: Fixture; wt: string; treeGit: SimpleGit }> {
   const f = await fixture();
   const wt = path.join(f.dir, "wt.git");
   f.git(["init", "--bare", "--quiet", wt]);
@@ -249,6 +250,11 @@ test("ignored paths are not recorded when the tree's git is given", async () => 
     GIT_WORK_TREE: f.tree,
     GIT_LITERAL_PATHSPECS: "1",
   });
+  return { f, wt, treeGit };
+}
+
+test("ignored paths are not recorded when the tree's git is given", async () => {
+  const { f, wt, treeGit } = await ignoringFixture();
   await file(path.join(f.tree, "conf.yaml"), 0o600);
   await file(path.join(f.tree, "app.log"), 0o600);
   await file(path.join(f.tree, "é \"q\".log"), 0o600);
@@ -269,19 +275,7 @@ test("ignored paths are not recorded when the tree's git is given", async () => 
 });
 
 test("ignored paths are not recorded either when a first record asks about more paths than one batch", async () => {
-  const f = await fixture();
-  const wt = path.join(f.dir, "wt.git");
-  f.git(["init", "--bare", "--quiet", wt]);
-  f.git(["config", "core.bare", "false"], { GIT_DIR: wt });
-  const excludes = path.join(f.dir, "ignore");
-  await fs.writeFile(excludes, ".storage/\n*.log\n");
-  const treeGit = simpleGit({ baseDir: f.dir, trimmed: false, config: [`core.excludesFile=${excludes}`] }).env({
-    PATH: process.env.PATH ?? "/usr/bin:/bin",
-    HOME: f.dir,
-    GIT_DIR: wt,
-    GIT_WORK_TREE: f.tree,
-    GIT_LITERAL_PATHSPECS: "1",
-  });
+  const { f, wt, treeGit } = await ignoringFixture();
   for (let i = 0; i < 600; i++) await file(path.join(f.tree, "bulk", `f${i}.yaml`), 0o640);
   await file(path.join(f.tree, "bulk", "noise.log"), 0o600);
   await file(path.join(f.tree, "tracked.log"), 0o640);
