@@ -57,6 +57,32 @@ describe("the spine: three services, the CSI surface, a real FUSE mount", () => 
     assert.equal(probe.ready, true);
   });
 
+  test("capabilities: the controller creates, deletes and modifies volumes and is never asked to attach; the node stages", async () => {
+    const controller = await call(driver.controller.controllerGetCapabilities.bind(driver.controller), {}, T);
+    const C = csi.ControllerServiceCapability_RPC_Type;
+    assert.deepEqual(controller.capabilities.map((c) => c.rpc?.type).sort(), [C.CREATE_DELETE_VOLUME, C.MODIFY_VOLUME, C.SINGLE_NODE_MULTI_WRITER].sort());
+    const node = await call(driver.node.nodeGetCapabilities.bind(driver.node), {}, T);
+    const N = csi.NodeServiceCapability_RPC_Type;
+    assert.deepEqual(node.capabilities.map((c) => c.rpc?.type).sort(), [N.STAGE_UNSTAGE_VOLUME, N.SINGLE_NODE_MULTI_WRITER].sort());
+    const plugin = await call(driver.identity.getPluginCapabilities.bind(driver.identity), {}, T);
+    assert.deepEqual(plugin.capabilities.map((c) => c.service?.type), [csi.PluginCapability_Service_Type.CONTROLLER_SERVICE]);
+    const info = await call(driver.node.nodeGetInfo.bind(driver.node), {}, T);
+    assert.equal(info.nodeId, "e2e-node");
+  });
+
+  test("Probe is ready only while the git worker answers", async () => {
+    const worker = await driver.pid("git-worker");
+    process.kill(worker, "SIGSTOP");
+    try {
+      const stopped = await call(driver.identity.probe.bind(driver.identity), {}, 20_000);
+      assert.equal(stopped.ready, false);
+    } finally {
+      process.kill(worker, "SIGCONT");
+    }
+    const again = await call(driver.identity.probe.bind(driver.identity), {}, T);
+    assert.equal(again.ready, true);
+  });
+
   test("stage clones, publish bind-mounts, and an application's write lands in the work tree", async () => {
     const volume = await createVolume(driver, "spine-write", url);
     assert.deepEqual(volume.volumeContext, { url, ref: "main", accessMode: "ReadWriteOncePod" });

@@ -298,6 +298,22 @@ for (const transport of TRANSPORTS) describe(`what happens after a write, over $
     await unpublishAndUnstage(driver, volume);
   });
 
+  test("a file the application changed (not yet committed) that upstream changed too moves the volume to its side branch, and the application's file is kept", async () => {
+    const { repo, volume } = await volumeOn({ "data.bin": "small\n" });
+    await setVolumeClass(driver, volume.volumeId, { ...FAST, "commit.maxFileSize": "1Ki" });
+    // Over the size limit, the application's data.bin stays uncommitted in the tree.
+    await sh(`head -c 4096 /dev/zero > '${volume.targetPath}/data.bin'`);
+    await server.commitFiles(repo, { "data.bin": "upstream\n" });
+    await sh(`echo other > '${volume.targetPath}/other.txt'`);
+    const side = `main.${volume.volumeId}`;
+    await waitFor("the side branch", () => remoteFile(server, repo, side, "other.txt"));
+    const event = (await report(driver, volume.volumeId)).recentEvents.find((e) => e.reason === "GitVolumeDiverged");
+    assert.match(event?.message ?? "", /a file the application changed since the last commit was also changed upstream/);
+    assert.equal((await sh(`wc -c < '${volume.targetPath}/data.bin'`)).trim(), "4096", "the application's file is kept");
+    assert.equal(await remoteFile(server, repo, "main", "data.bin"), "upstream");
+    await unpublishAndUnstage(driver, volume);
+  });
+
   test("the ref deleted upstream: GitVolumeRefDeleted, and the commits go to the side branch", async () => {
     const { repo, volume } = await volumeOn();
     await setVolumeClass(driver, volume.volumeId, FAST);
