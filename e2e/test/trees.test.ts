@@ -46,6 +46,22 @@ describe("work trees the node keeps", () => {
     await deleteVolume("to-delete");
   });
 
+  test("a git worker that is down when the volume is deleted removes its tree when it answers again", async () => {
+    await server.createRepo("while-down.git");
+    const volume = await stageAndPublish(driver, await createVolume(driver, "deleted-while-down", server.url("while-down.git")));
+    await unpublishAndUnstage(driver, volume);
+    const worker = await driver.pid("git-worker");
+    process.kill(worker, "SIGSTOP");
+    try {
+      await deleteVolume("deleted-while-down");
+      assert.ok((await trees()).includes("deleted-while-down"), "the tree waits for the worker");
+      assert.match(driver.logs(), /the tree of deleted volume deleted-while-down stays until the git worker answers/);
+    } finally {
+      process.kill(worker, "SIGCONT");
+    }
+    await waitFor("the tree removed and the deletion done", async () => !(await trees()).includes("deleted-while-down") && (await fs.readdir(path.join(driver.stateDir, "deletions"))).length === 0);
+  });
+
   test("a staged volume is not deleted", async () => {
     await server.createRepo("busy.git");
     const volume = await stageAndPublish(driver, await createVolume(driver, "busy", server.url("busy.git")));

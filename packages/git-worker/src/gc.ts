@@ -13,8 +13,9 @@ export async function rememberSource(store: Store, volumeId: string, source: git
   await fs.writeFile(path.join(store.volumeDir(volumeId), "source.json"), `${JSON.stringify(source)}\n`);
 }
 
+/** The volumes whose tree the node keeps, or is making: a stage records the source before it clones. */
 async function keptTrees(store: Store): Promise<Array<{ volumeId: string; source: gitcsi.VolumeSource }>> {
-  const trees = await fs.readdir(path.join(store.stateDir, "trees")).catch(() => [] as string[]);
+  const trees = await fs.readdir(path.join(store.stateDir, "sync")).catch(() => [] as string[]);
   const out = [];
   for (const volumeId of trees) {
     const source = await fs.readFile(path.join(store.volumeDir(volumeId), "source.json"), "utf8").then((t) => JSON.parse(t) as gitcsi.VolumeSource, () => undefined);
@@ -59,25 +60,26 @@ export async function removeTree(store: Store, volumeId: string, source: gitcsi.
  * work tree names, and runs git gc in each one that stays, so the node's
  * store does not grow with every ref a volume ever followed.
  */
-export async function collectGarbage(store: Store, logger: Logger): Promise<void> {
-  const trees = await keptTrees(store);
+export async function collectGarbage(store: Store, logger: Logger, onRepository: <T>(repoDir: string, work: () => Promise<T>) => Promise<T>): Promise<void> {
   const reposDir = path.join(store.stateDir, "repos");
   for (const name of await fs.readdir(reposDir).catch(() => [] as string[])) {
     const repoDir = path.join(reposDir, name);
-    const users = trees.filter((t) => store.repoDir(t.source.url) === repoDir);
-    if (users.length === 0) {
-      await fs.rm(repoDir, { recursive: true, force: true });
-      logger.info(`removed the bare repository ${repoDir}: no work tree follows it`, { operation: "gc" });
-      continue;
-    }
-    const url = users[0]!.source.url;
-    const repo = store.repo(url);
-    const followed = new Set(users.flatMap((t) => [branchOfRef(t.source.ref), sideBranchOf(branchOfRef(t.source.ref), t.volumeId)]).map(upstreamRef));
-    const refs = (await repo.raw(["for-each-ref", "--format=%(refname)", `${UPSTREAM_PREFIX}heads/`])).split("\n").filter(Boolean);
-    const stale = refs.filter((r) => !followed.has(r));
-    for (const ref of stale) await repo.raw(["update-ref", "-d", ref]);
-    await repo.raw(["worktree", "prune"]);
-    await repo.raw(["gc", "--quiet"]);
-    logger.info(`collected ${repoDir}`, { operation: "gc", staleRefs: stale.length, trees: users.length });
+    // Under the repository's lock: a stage of a new volume of this URL must not find its repository gone.
+    await onRepository(repoDir, async () => {
+      const users = (await keptTrees(store)).filter((t) => store.repoDir(t.source.url) === repoDir);
+      if (users.length === 0) {
+        await fs.rm(repoDir, { recursive: true, force: true });
+        logger.info(`removed the bare repository ${repoDir}: no work tree follows it`, { operation: "gc" });
+        return;
+      }
+      const repo = store.repo(users[0]!.source.url);
+      const followed = new Set(users.flatMap((t) => [branchOfRef(t.source.ref), sideBranchOf(branchOfRef(t.source.ref), t.volumeId)]).map(upstreamRef));
+      const refs = (await repo.raw(["for-each-ref", "--format=%(refname)", `${UPSTREAM_PREFIX}heads/`])).split("\n").filter(Boolean);
+      const stale = refs.filter((r) => !followed.has(r));
+      for (const ref of stale) await repo.raw(["update-ref", "-d", ref]);
+      await repo.raw(["worktree", "prune"]);
+      await repo.raw(["gc", "--quiet"]);
+      logger.info(`collected ${repoDir}`, { operation: "gc", staleRefs: stale.length, trees: users.length });
+    });
   }
 }

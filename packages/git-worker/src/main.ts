@@ -1,6 +1,6 @@
 #!/usr/bin/env node
 import type * as http from "node:http";
-import { parseDuration, parseFlags, UsageError } from "@git-csi/config";
+import { KeyedSerial, parseDuration, parseFlags, UsageError } from "@git-csi/config";
 import { createLogger, type Logger, logLifecycle } from "@git-csi/logging";
 import { DriverMetrics, serveMetrics } from "@git-csi/metrics";
 import { gitWorker, serveUnix, stopServer } from "@git-csi/protos";
@@ -11,10 +11,10 @@ import { gitWorkerService, type Syncs } from "./service";
 import { Store } from "./store";
 
 /** One collection at a time; a failure is logged and the next one tries again. */
-function serialCollector(store: Store, logger: Logger): () => Promise<void> {
+function serialCollector(store: Store, logger: Logger, perRepository: KeyedSerial): () => Promise<void> {
   let running: Promise<void> = Promise.resolve();
   return () => {
-    running = running.then(() => collectGarbage(store, logger)).catch((err: Error) => {
+    running = running.then(() => collectGarbage(store, logger, (repoDir, work) => perRepository.run(repoDir, work))).catch((err: Error) => {
         logger.error(`collecting the git store failed: ${err.message}`, { operation: "gc" });
       });
     return running;
@@ -34,11 +34,12 @@ async function main(): Promise<void> {
   const syncs: Syncs = new Map();
   const broker = new CredentialBroker(path.join(store.socketDir(), "credentials.sock"));
   await broker.start();
-  const collect = serialCollector(store, logger);
+  const perRepository = new KeyedSerial();
+  const collect = serialCollector(store, logger, perRepository);
   const gcIntervalMs = parseDuration(flags["gc-interval"]!);
   if (gcIntervalMs === undefined) throw new UsageError(`git-worker: --gc-interval ${flags["gc-interval"]} must be a duration such as 1h`);
   const gcTimer = setInterval(() => void collect(), gcIntervalMs);
-  const server = await serveUnix(flags.listen!, [{ definition: gitWorker.GitWorkerService, implementation: gitWorkerService(store, syncs, broker, metrics, logger, collect) }]);
+  const server = await serveUnix(flags.listen!, [{ definition: gitWorker.GitWorkerService, implementation: gitWorkerService(store, syncs, broker, metrics, logger, perRepository, collect) }]);
   let listener: http.Server | undefined;
   if (flags["metrics-address"]) {
     listener = await serveMetrics(flags["metrics-address"], metrics, [

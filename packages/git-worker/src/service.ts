@@ -14,10 +14,13 @@ import { VolumeSync } from "./sync";
 /** The volumes this worker watches, by volume id. */
 export type Syncs = Map<string, VolumeSync>;
 
-export function gitWorkerService(store: Store, syncs: Syncs, broker: CredentialBroker, metrics: DriverMetrics, logger: Logger, collect: () => Promise<void>): gitWorker.GitWorkerServer {
-  // Git operations on one bare repository run one at a time: fetches and
-  // worktree changes of two volumes of one URL would race for its locks.
-  const perRepository = new KeyedSerial();
+/**
+ * Git operations on one bare repository run one at a time: fetches and
+ * worktree changes of two volumes of one URL would race for its locks.
+ */
+export type PerRepository = KeyedSerial;
+
+export function gitWorkerService(store: Store, syncs: Syncs, broker: CredentialBroker, metrics: DriverMetrics, logger: Logger, perRepository: PerRepository, collect: () => Promise<void>): gitWorker.GitWorkerServer {
   const syncOf = (volumeId: string) => {
     const sync = syncs.get(volumeId);
     if (!sync) throw notFound(`volume ${volumeId} is not staged on this node`);
@@ -39,8 +42,10 @@ export function gitWorkerService(store: Store, syncs: Syncs, broker: CredentialB
       const access = await openAccess(data);
       const credentialExpected = request.credentialExpected || fingerprint(data) !== "";
       try {
-        const tree = await perRepository.run(store.repoDir(source.url), () => prepareTree(store, volumeId, source, access, credentialExpected && !access.hasCredential));
-        await rememberSource(store, volumeId, source);
+        const tree = await perRepository.run(store.repoDir(source.url), async () => {
+          await rememberSource(store, volumeId, source);
+          return prepareTree(store, volumeId, source, access, credentialExpected && !access.hasCredential);
+        });
         logger.info(tree.reused ? "reused the work tree the node kept" : "cloned the work tree", { volume: volumeId, operation: "prepare_tree", head: tree.head });
         if (existing) {
           access.close();

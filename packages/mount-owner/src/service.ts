@@ -32,6 +32,8 @@ export interface MountOwnerDeps {
 }
 
 const WORKER_TIMEOUT_MS = 5 * 60_000;
+/** DeleteVolume does not wait long for a worker that is down: its tree goes when the worker answers. */
+const REMOVE_TIMEOUT_MS = 10_000;
 
 const MODE_NAMES: Record<gitcsi.AccessMode, string> = {
   [gitcsi.AccessMode.ACCESS_MODE_UNSPECIFIED]: "unspecified",
@@ -182,11 +184,23 @@ export function createMountOwner(deps: MountOwnerDeps): MountOwner {
     );
   }
 
+  async function removeDeletedTree(volumeId: string): Promise<void> {
+    const deleted = await state.deletions.get(volumeId);
+    if (!deleted) return;
+    try {
+      await call(worker.removeTree.bind(worker), { volumeId, source: deleted.source }, REMOVE_TIMEOUT_MS);
+      await state.deletions.remove(volumeId);
+    } catch (err) {
+      logger.warn(`the tree of deleted volume ${volumeId} stays until the git worker answers: ${(err as Error).message}`, { volume: volumeId, operation: "delete_volume" });
+    }
+  }
+
   const ownerInstance = randomUUID();
   function watchWorker(intervalMs: number): NodeJS.Timeout {
     return setInterval(() => {
       void call(worker.probe.bind(worker), {}, intervalMs)
         .then(async ({ instance }) => {
+          for (const volumeId of await state.deletions.keys()) await perVolume.run(volumeId, () => removeDeletedTree(volumeId));
           for (const [volumeId, session] of sessions) {
             if (session.workerInstance === instance) continue;
             logger.warn("the git worker restarted; handing it the staged volume again", { volume: volumeId, operation: "worker_restart" });
@@ -231,8 +245,10 @@ export function createMountOwner(deps: MountOwnerDeps): MountOwner {
       const record = await state.volumes.get(volumeId);
       if (record?.stagingPath !== undefined) throw failedPrecondition(`volume ${volumeId} is staged at ${record.stagingPath}; unstage it before deleting it`);
       if (record) {
-        await call(worker.removeTree.bind(worker), { volumeId, source: record.source }, WORKER_TIMEOUT_MS);
+        // The deletion is durable first: a git worker that does not answer now removes the tree when it does.
+        await state.deletions.put(volumeId, record);
         await state.volumes.remove(volumeId);
+        await removeDeletedTree(volumeId);
       }
       await state.provisioned.remove(volumeId);
       return {};

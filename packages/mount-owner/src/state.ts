@@ -72,6 +72,11 @@ class RecordDir<T> {
   async remove(key: string): Promise<void> {
     await fs.rm(this.file(key), { force: true });
   }
+
+  async keys(): Promise<string[]> {
+    const names = await fs.readdir(this.dir).catch(() => [] as string[]);
+    return names.filter((n) => n.endsWith(".json")).map((n) => n.slice(0, -".json".length));
+  }
 }
 
 export class State {
@@ -79,9 +84,12 @@ export class State {
   readonly volumes: RecordDir<VolumeRecord>;
   /** The controller's record of provisioned volumes, keyed by name. */
   readonly provisioned: RecordDir<mountOwner.Volume>;
+  /** Volumes deleted with reclaim policy Delete whose tree is still on the node: the git worker did not answer. */
+  readonly deletions: RecordDir<VolumeRecord>;
 
   constructor(readonly stateDir: string) {
     this.volumes = new RecordDir(path.join(stateDir, "volumes"));
     this.provisioned = new RecordDir(path.join(stateDir, "provisioned"));
+    this.deletions = new RecordDir(path.join(stateDir, "deletions"));
   }
 }
