@@ -456,6 +456,11 @@ for (const transport of TRANSPORTS) describe(`what happens after a write, over $
       assert.equal(event?.type, "Warning");
       assert.ok(r.abnormal.some((a) => a.includes("moved upstream while the tree held uncommitted writes")), r.abnormal.join());
       assert.equal(metricValue(await metricsText(driver), "git_csi_volume_abnormal", volume.volumeId), 1);
+      // Armed, the next push lands on top of upstream, and the volume is well again.
+      await setVolumeClass(driver, volume.volumeId, FAST);
+      await waitFor("draft.txt pushed onto upstream", () => remoteFile(server, repo, "main", "draft.txt"));
+      assert.equal(await remoteFile(server, repo, "main", "moved.txt"), "upstream");
+      await waitFor("the abnormal gauge cleared", async () => metricValue(await metricsText(driver), "git_csi_volume_abnormal", volume.volumeId) === 0);
       await unpublishAndUnstage(driver, again);
     });
   });

@@ -484,6 +484,8 @@ export class VolumeSync {
   private pushed(): void {
     this.lastPushAt = Date.now();
     this.lastPushError = "";
+    // A push lands on top of upstream: whatever moved under the uncommitted writes is now in the tree's history.
+    this.upstreamMovedOverWrites = false;
     this.unpushed = 0;
     this.oldestUnpushedAt = this.pending.size > 0 ? Date.now() : undefined;
     this.emit(Reason.Pushed, "Normal", `pushed to ${this.pushBranch}`);

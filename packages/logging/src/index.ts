@@ -1,19 +1,12 @@
 import winston from "winston";
 
-/**
- * Fields every log line may carry, in the documents' words. Secrets and
- * session records are never among them: callers log identities, not payloads.
- */
-export interface LogFields {
-  volume?: string;
-  claim?: string;
-  operation?: string;
-  [field: string]: unknown;
-}
-
 export type Logger = winston.Logger;
 
-/** One JSON line per event, on stderr so stdout stays free for a launcher's own output. */
+/**
+ * One JSON line per event, on stderr so stdout stays free for a launcher's own
+ * output. Lines carry volume, claim and operation fields where they apply;
+ * never a secret or a session record's contents: callers log identities, not payloads.
+ */
 export function createLogger(service: string, level = process.env.GIT_CSI_LOG_LEVEL ?? "info"): Logger {
   return winston.createLogger({
     level,
