@@ -1,5 +1,5 @@
 #!/usr/bin/env node
-import { parseFlags, UsageError } from "@git-csi/config";
+import { parseFlags, runMain, UsageError } from "@git-csi/config";
 import { createLogger, logLifecycle } from "@git-csi/logging";
 import { Standalone } from "./standalone";
 
@@ -10,7 +10,11 @@ commands:
 
 async function main(argv: string[]): Promise<void> {
   const [command, ...rest] = argv;
-  if (command !== "standalone") throw new UsageError(command === undefined || command === "--help" || command === "-h" ? USAGE : `git-csi: unknown command ${command}\n${USAGE}`);
+  if (command === "--help" || command === "-h") {
+    process.stdout.write(`${USAGE}\n`);
+    return;
+  }
+  if (command !== "standalone") throw new UsageError(command === undefined ? USAGE : `git-csi: unknown command ${command}\n${USAGE}`);
   const flags = parseFlags(rest, "git-csi standalone", "Starts git-worker, mount-owner and csi-frontend as child processes, prints one JSON line when the CSI socket answers Probe, and stops them on SIGTERM.", [
     { name: "state-dir", help: "the node's state directory: work trees, volume records, sockets", required: true },
     { name: "endpoint", help: "CSI socket to serve, unix:///path/csi.sock", required: true },
@@ -24,11 +28,4 @@ async function main(argv: string[]): Promise<void> {
   process.stdout.write(`${JSON.stringify({ ready: true, endpoint: flags.endpoint, stateDir: flags["state-dir"], nodeId: flags["node-id"] })}\n`);
 }
 
-main(process.argv.slice(2)).catch((err: unknown) => {
-  if (err instanceof UsageError) {
-    process.stderr.write(`${err.message}\n`);
-    process.exit(err.message === USAGE ? 0 : 2);
-  }
-  process.stderr.write(`${JSON.stringify({ level: "error", service: "git-csi", operation: "startup", message: String(err) })}\n`);
-  process.exit(1);
-});
+runMain("git-csi", () => main(process.argv.slice(2)));

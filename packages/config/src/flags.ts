@@ -36,3 +36,15 @@ export function parseFlags(argv: string[], command: string, summary: string, spe
   }
   return values;
 }
+
+/**
+ * Runs an executable's main: a usage error prints its text and exits 2; any
+ * other failure to start is one JSON log line and exit 1.
+ */
+export function runMain(service: string, main: () => Promise<void>): void {
+  main().catch((err: unknown) => {
+    const usage = err instanceof UsageError;
+    process.stderr.write(`${usage ? err.message : JSON.stringify({ level: "error", service, operation: "startup", message: String(err) })}\n`);
+    process.exit(usage ? 2 : 1);
+  });
+}

@@ -1,6 +1,6 @@
 #!/usr/bin/env node
 import type { UntypedServiceImplementation } from "@grpc/grpc-js";
-import { parseFlags, UsageError } from "@git-csi/config";
+import { parseFlags, runMain, UsageError } from "@git-csi/config";
 import { createLogger, logLifecycle } from "@git-csi/logging";
 import { csi, dialUnix, mountOwner, type Service, serveUnix, stopServer } from "@git-csi/protos";
 import { controllerService } from "./controller";
@@ -43,7 +43,4 @@ function version(): string {
   return (require("../../package.json") as { version: string }).version;
 }
 
-main().catch((err: unknown) => {
-  process.stderr.write(`${err instanceof UsageError ? err.message : JSON.stringify({ level: "error", service: "csi-frontend", operation: "startup", message: String(err) })}\n`);
-  process.exit(err instanceof UsageError ? 2 : 1);
-});
+runMain("csi-frontend", main);

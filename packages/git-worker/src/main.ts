@@ -1,6 +1,6 @@
 #!/usr/bin/env node
 import type * as http from "node:http";
-import { KeyedSerial, parseDuration, parseFlags, UsageError } from "@git-csi/config";
+import { KeyedSerial, parseDuration, parseFlags, runMain, UsageError } from "@git-csi/config";
 import { createLogger, type Logger, logLifecycle } from "@git-csi/logging";
 import { DriverMetrics, serveMetrics } from "@git-csi/metrics";
 import { gitWorker, serveUnix, stopServer } from "@git-csi/protos";
@@ -63,7 +63,4 @@ async function main(): Promise<void> {
   logger.info("started", { operation: "startup", listen: flags.listen, stateDir: flags["state-dir"], metrics: flags["metrics-address"] || undefined });
 }
 
-main().catch((err: unknown) => {
-  process.stderr.write(`${err instanceof UsageError ? err.message : JSON.stringify({ level: "error", service: "git-worker", operation: "startup", message: String(err) })}\n`);
-  process.exit(err instanceof UsageError ? 2 : 1);
-});
+runMain("git-worker", main);

@@ -1,5 +1,5 @@
 #!/usr/bin/env node
-import { parseFlags, UsageError } from "@git-csi/config";
+import { parseFlags, runMain } from "@git-csi/config";
 import { createLogger, logLifecycle } from "@git-csi/logging";
 import { dialUnix, gitWorker, mountOwner, serveUnix, stopServer } from "@git-csi/protos";
 import { fuseNative } from "./fuse/fuse-native";
@@ -40,7 +40,4 @@ async function main(): Promise<void> {
   logger.info("started", { operation: "startup", listen: flags.listen, stateDir: flags["state-dir"], node: flags["node-id"] });
 }
 
-main().catch((err: unknown) => {
-  process.stderr.write(`${err instanceof UsageError ? err.message : JSON.stringify({ level: "error", service: "mount-owner", operation: "startup", message: String(err) })}\n`);
-  process.exit(err instanceof UsageError ? 2 : 1);
-});
+runMain("mount-owner", main);
