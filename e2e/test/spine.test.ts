@@ -117,6 +117,31 @@ describe("the spine: three services, the CSI surface, a real FUSE mount", () => 
     assert.deepEqual(await mountsUnder(driver.dir), []);
   });
 
+  test("the .rwo-session record: written beside the staging directory before success, reused by a retry, refused as a symlink, removed at unstage", async () => {
+    const volume = await createVolume(driver, "spine-session", url, SINGLE_NODE_WRITER);
+    const published = await stageAndPublish(driver, volume, SINGLE_NODE_WRITER, "session", { stage: { token: "never-on-disk-token" }, publish: { token: "never-on-disk-token" } });
+    const file = `${published.stagingPath}.rwo-session`;
+    assert.equal((await fs.stat(file)).mode & 0o777, 0o600);
+    const record = JSON.parse(await fs.readFile(file, "utf8")) as Record<string, unknown>;
+    assert.deepEqual(Object.keys(record).sort(), ["accessMode", "completed", "endpoints", "epoch", "generation", "node", "volumeId"]);
+    assert.equal(record.completed, true);
+    assert.equal(record.volumeId, "spine-session");
+    assert.equal(record.node, "e2e-node");
+    assert.ok(!JSON.stringify(record).includes("never-on-disk-token"));
+    // A retried stage continues the same session.
+    await call(driver.node.nodeStageVolume.bind(driver.node), csi.NodeStageVolumeRequest.fromPartial({ volumeId: volume.volumeId, stagingTargetPath: published.stagingPath, volumeCapability: mountCapability(SINGLE_NODE_WRITER), volumeContext: volume.volumeContext, secrets: { token: "never-on-disk-token" } }), T);
+    assert.equal((JSON.parse(await fs.readFile(file, "utf8")) as Record<string, unknown>).epoch, record.epoch);
+    assert.ok(!driver.logs().includes(String(record.epoch)), "the record's contents are never logged");
+    await unpublishAndUnstage(driver, published);
+    await assert.rejects(fs.stat(file), { code: "ENOENT" });
+
+    // A symlink where the record goes: the stage is refused and nothing is mounted.
+    await fs.symlink("/etc/hostname", file);
+    await refused(stageAndPublish(driver, volume, SINGLE_NODE_WRITER, "session"), status.FAILED_PRECONDITION, ".rwo-session is a symlink");
+    assert.deepEqual(await mountsUnder(driver.dir), []);
+    await fs.rm(file);
+  });
+
   test("ReadWriteOnce: two pods on the node share the one staged mount", async () => {
     const volume = await createVolume(driver, "spine-rwo", url, SINGLE_NODE_WRITER);
     const a = await stageAndPublish(driver, volume, SINGLE_NODE_WRITER, "pod-a");

@@ -25,6 +25,8 @@ async function main(): Promise<void> {
   const worker = dialUnix(gitWorker.GitWorkerClient, flags["git-worker"]!);
   const owner = createMountOwner({
     state: new State(flags["state-dir"]!),
+    nodeId: flags["node-id"]!,
+    endpoints: { mountOwner: flags.listen!, gitWorker: flags["git-worker"]! },
     worker,
     logger,
     mountTree: (volumeId, treePath, stagingPath) => fuseNative.mount({ mountpoint: stagingPath, fsname: `git-csi:${volumeId}`, ops: createPassthrough(treePath) }),

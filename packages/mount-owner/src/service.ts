@@ -16,6 +16,7 @@ import {
   unary,
 } from "@git-csi/protos";
 import { bindMount, isMountPoint, unmountAll } from "./mounts";
+import { newSession, readSession, removeSession, writeSession } from "./session";
 import type { State, VolumeRecord } from "./state";
 
 /** A staged volume's FUSE session, as the mount owner holds it. */
@@ -25,6 +26,9 @@ export interface StagedMount {
 
 export interface MountOwnerDeps {
   state: State;
+  nodeId: string;
+  /** This mount owner's and its git worker's sockets, recorded in each .rwo-session. */
+  endpoints: { mountOwner: string; gitWorker: string };
   worker: gitWorker.GitWorkerClient;
   logger: Logger;
   /** Serves the volume's work tree through FUSE at the staging path. */
@@ -65,14 +69,18 @@ export function createMountOwner(deps: MountOwnerDeps): MountOwner {
     const source = required(request.source, "volume_context");
     const existing = await state.volumes.get(volumeId);
     if (existing) checkIdentity(existing, source, request.accessMode);
+    // A retry continues the session its record names; a refused record stops the stage before anything happens.
+    const previous = await readSession(stagingPath, volumeId);
     const live = sessions.get(volumeId);
     if (live) {
       if (live.stagingPath !== stagingPath) throw failedPrecondition(`volume ${volumeId} is staged at ${live.stagingPath} already; unstage it there first`);
       return {};
     }
+    const session = previous ?? newSession({ volumeId, node: deps.nodeId, endpoints: deps.endpoints, accessMode: request.accessMode }, existing?.generation ?? 0);
+    if (!previous) await writeSession(stagingPath, session);
     const volumeClass = existing?.volumeClass ?? (await provisionedClass(volumeId));
     const credentialExpected = Object.keys(request.credential?.data ?? {}).length > 0;
-    const planned: VolumeRecord = { ...(existing ?? { volumeId, source, accessMode: request.accessMode, targets: [] }), stagingPath, volumeClass, credentialExpected };
+    const planned: VolumeRecord = { ...(existing ?? { volumeId, source, accessMode: request.accessMode, targets: [] }), stagingPath, volumeClass, credentialExpected, generation: session.generation };
     const tree = await prepare(planned, request.credential);
     // The record is durable before the mount serves: a restarted mount owner finds every mount it made.
     const record: VolumeRecord = { ...planned, treePath: tree.treePath };
@@ -82,6 +90,8 @@ export function createMountOwner(deps: MountOwnerDeps): MountOwner {
     await fs.mkdir(stagingPath, { recursive: true });
     const mount = await deps.mountTree(volumeId, tree.treePath, stagingPath);
     sessions.set(volumeId, { stagingPath, mount, workerInstance: tree.workerInstance });
+    // Durable before the stage reports success.
+    if (!session.completed) await writeSession(stagingPath, { ...session, completed: true });
     logger.info("staged", { volume: volumeId, operation: "stage", reused: tree.reused, head: tree.head });
     return {};
   }
@@ -101,6 +111,7 @@ export function createMountOwner(deps: MountOwnerDeps): MountOwner {
     // The pod's unstage pushes before the volume leaves the node; a push that fails keeps its commits in the tree.
     await flush(volumeId);
     await call(worker.releaseTree.bind(worker), { volumeId }, WORKER_TIMEOUT_MS);
+    await removeSession(stagingPath);
     if (record) await state.volumes.put(volumeId, { ...record, stagingPath: undefined });
     logger.info("unstaged", { volume: volumeId, operation: "unstage" });
     return {};

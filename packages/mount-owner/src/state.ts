@@ -21,6 +21,8 @@ export interface VolumeRecord {
   volumeClass?: gitcsi.VolumeClass;
   /** The stage carried a Secret. Whether, never which: the Secret itself stays in memory. */
   credentialExpected?: boolean;
+  /** The generation of the volume's last mount session on this node (its .rwo-session record). */
+  generation?: number;
 }
 
 /** Writes a file so that a crash leaves either the old or the new content: temp, fsync, rename, fsync the directory. */
