@@ -58,6 +58,8 @@ export async function startDriver(options: { nodeId?: string; dir?: string; metr
     stop: async () => {
       for (const c of [identity, controller, node, owner]) c.close();
       await stopProcess(launcher);
+      // A test that failed before its unstage leaves mounts; none outlives the suite.
+      for (const mountPoint of (await mountsUnder(dir)).reverse()) await run("umount", ["-l", mountPoint]).catch(() => undefined);
     },
   };
 }

@@ -163,9 +163,15 @@ describe("the credential", () => {
     assert.equal((await report(driver, volume.volumeId)).recentEvents.find((e) => e.reason === "GitVolumeNoPublishSecret")?.type, "Warning");
     await setVolumeClass(driver, volume.volumeId, { "push.quiesce": "1h", "push.maxLatency": "2h" });
     await sh(`echo waiting > '${volume.targetPath}/waiting.txt'`);
+    const agents = async () => (await sh(`pgrep -f 'ssh-agent -D -a ${driver.stateDir}/sockets/agent-' || true`)).split("\n").filter(Boolean);
+    const before = await agents();
+    assert.ok(before.length > 0, "the volume's key is in an ssh-agent");
     const pid = await driver.pid("git-worker");
     process.kill(pid, "SIGKILL");
     await waitFor("the volume to wait for its credential", async () => (await report(driver, volume.volumeId)).abnormal.some((a) => a.startsWith("waits for its credential")));
+    // The killed worker could not end its agents; the new one does, so no key outlives its worker.
+    await waitFor("the orphaned agents ended", async () => (await agents()).every((p) => !before.includes(p)));
+    assert.match(driver.logs(), /ended \d+ ssh-agent\(s\) a previous git worker left holding keys/);
     await unpublishAndUnstage(driver, volume);
     assert.match(driver.logs(), new RegExp(`"reason":"GitVolumePushFailed"[^\\n]*"volume":"${volume.volumeId}"|"volume":"${volume.volumeId}"[^\\n]*"reason":"GitVolumePushFailed"`));
     assert.equal(await remoteFile(ssh, repo, "waiting.txt"), undefined);

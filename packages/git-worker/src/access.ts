@@ -54,7 +54,7 @@ export class RemoteAccess {
       hostKeys = ["-o", `UserKnownHostsFile=${path.join(volumeDir, "known_hosts.first-seen")}`, "-o", "StrictHostKeyChecking=accept-new"];
     }
     // A socket of its own per agent: an agent that exits unlinks its path, which must never be its successor's.
-    const socket = path.join(socketDir, `agent-${randomBytes(8).toString("hex")}.sock`);
+    const socket = path.join(socketDir, `${AGENT_PREFIX}${randomBytes(8).toString("hex")}.sock`);
     const agent = await startAgent(socket, credential.privateKey);
     env.GIT_SSH_COMMAND = ["ssh", "-F", "/dev/null", "-o", "BatchMode=yes", "-o", `IdentityAgent=${socket}`, "-o", "GlobalKnownHostsFile=/dev/null", ...hostKeys].join(" ");
     return new RemoteAccess(credential, { config, env }, broker, agent);
@@ -73,6 +73,29 @@ export class RemoteAccess {
   close(): void {
     this.agent?.kill();
   }
+}
+
+const AGENT_PREFIX = "agent-";
+
+/**
+ * Ends the ssh-agents a previous worker of this state directory left running:
+ * a worker that was killed could not, and each still holds a key in memory.
+ */
+export async function endOrphanedAgents(socketDir: string): Promise<number> {
+  const marker = `\0-a\0${path.join(socketDir, AGENT_PREFIX)}`;
+  let ended = 0;
+  for (const pid of await fs.readdir("/proc")) {
+    if (!/^\d+$/.test(pid)) continue;
+    const cmdline = await fs.readFile(`/proc/${pid}/cmdline`, "latin1").catch(() => "");
+    if (!cmdline.startsWith("ssh-agent\0") || !cmdline.includes(marker)) continue;
+    try {
+      process.kill(Number(pid), "SIGTERM");
+      ended++;
+    } catch {
+      // Gone already.
+    }
+  }
+  return ended;
 }
 
 async function startAgent(socket: string, privateKey: string): Promise<ChildProcess> {

@@ -5,6 +5,7 @@ import { createLogger, type Logger, logLifecycle } from "@git-csi/logging";
 import { DriverMetrics, serveMetrics } from "@git-csi/metrics";
 import { gitWorker, serveUnix, stopServer } from "@git-csi/protos";
 import * as path from "node:path";
+import { endOrphanedAgents } from "./access";
 import { CredentialBroker } from "./broker";
 import { collectGarbage } from "./gc";
 import { gitWorkerService, type Syncs } from "./service";
@@ -32,6 +33,8 @@ async function main(): Promise<void> {
   const store = new Store(flags["state-dir"]!);
   const metrics = new DriverMetrics();
   const syncs: Syncs = new Map();
+  const orphans = await endOrphanedAgents(store.socketDir());
+  if (orphans > 0) logger.warn(`ended ${orphans} ssh-agent(s) a previous git worker left holding keys`, { operation: "startup" });
   const broker = new CredentialBroker(path.join(store.socketDir(), "credentials.sock"));
   await broker.start();
   const perRepository = new KeyedSerial();
