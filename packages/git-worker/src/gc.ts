@@ -3,7 +3,7 @@ import * as path from "node:path";
 import { sideBranchOf } from "@git-csi/config";
 import type { Logger } from "@git-csi/logging";
 import type { gitcsi, gitWorker } from "@git-csi/protos";
-import { volumeBranch } from "./stage";
+import { volumeBranchRef } from "./stage";
 import { branchOfRef, exists, type Store, UPSTREAM_PREFIX, upstreamRef } from "./store";
 import { countCommits, revParse } from "./tree";
 
@@ -35,14 +35,14 @@ export async function removeTree(store: Store, volumeId: string, source: gitcsi.
   const repo = store.repo(source.url);
   const branch = branchOfRef(source.ref);
   const side = sideBranchOf(branch, volumeId);
-  const head = await revParse(repo, `refs/heads/${volumeBranch(volumeId)}`);
+  const head = await revParse(repo, volumeBranchRef(volumeId));
   const sidePushed = await revParse(repo, upstreamRef(side));
   const unpushedCommits = head === "" ? 0 : await countCommits(repo, sidePushed || (await revParse(repo, upstreamRef(branch))), head);
   await fs.rm(treePath, { recursive: true, force: true });
   await fs.rm(store.scratchDir(volumeId), { recursive: true, force: true });
   await repo.raw(["worktree", "unlock", treePath]).catch(() => undefined);
   await repo.raw(["worktree", "prune"]);
-  await repo.raw(["update-ref", "-d", `refs/heads/${volumeBranch(volumeId)}`]).catch(() => undefined);
+  await repo.raw(["update-ref", "-d", volumeBranchRef(volumeId)]).catch(() => undefined);
   await fs.rm(store.volumeDir(volumeId), { recursive: true, force: true });
   const held = [unpushedCommits > 0 ? `${unpushedCommits} commit(s) no push sent` : "", sidePushed !== "" ? `the side branch ${side}` : ""].filter(Boolean);
   logger.log(held.length > 0 ? "warn" : "info", `removed the work tree ${treePath}${held.length > 0 ? `; it held ${held.join(" and ")}` : "; every commit in it was pushed"}`, {

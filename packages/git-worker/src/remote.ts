@@ -1,7 +1,7 @@
 import { GitError, type SimpleGit } from "simple-git";
 import { METADATA_REF } from "@git-csi/config";
 import { UPSTREAM_METADATA, upstreamRef } from "./store";
-import { isAncestor } from "./tree";
+import { isAncestor, revParse } from "./tree";
 
 export type FetchResult = "fetched" | "missing";
 
@@ -11,15 +11,17 @@ function messageOf(err: unknown): string {
 
 export class RemoteError extends Error {}
 
+/** refs/git-csi/metadata as a glob: a remote without it is no error, and --prune drops the node's stale view. */
+const METADATA_REFSPEC = `+${METADATA_REF}*:${UPSTREAM_METADATA}*`;
+
 /**
  * Fetches a branch into the node's view of it; "missing" when the remote has
  * no such branch. With metadata, refs/git-csi/metadata comes in the same
- * fetch (a glob, so a remote without it is no error): one round trip.
+ * fetch: one round trip.
  */
 export async function fetchBranch(repo: SimpleGit, branch: string, withMetadata = false): Promise<FetchResult> {
-  const refspecs = [`+refs/heads/${branch}:${upstreamRef(branch)}`, ...(withMetadata ? [`+${METADATA_REF}*:${UPSTREAM_METADATA}*`] : [])];
   try {
-    await repo.raw(["fetch", "--quiet", "--no-tags", "--no-write-fetch-head", "origin", ...refspecs]);
+    await fetch(repo, [`+refs/heads/${branch}:${upstreamRef(branch)}`, ...(withMetadata ? [METADATA_REFSPEC] : [])]);
     return "fetched";
   } catch (err) {
     const message = messageOf(err);
@@ -34,15 +36,14 @@ export async function fetchBranch(repo: SimpleGit, branch: string, withMetadata 
 
 /** Fetches refs/git-csi/metadata; "" when the remote has none yet. */
 export async function fetchMetadata(repo: SimpleGit): Promise<string> {
-  try {
-    await repo.raw(["fetch", "--quiet", "--no-tags", "--no-write-fetch-head", "origin", `+${METADATA_REF}:${UPSTREAM_METADATA}`]);
-  } catch (err) {
-    const message = messageOf(err);
-    if (!/couldn't find remote ref/i.test(message)) throw new RemoteError(`fetch of ${METADATA_REF} failed: ${message}`);
-    await repo.raw(["update-ref", "-d", UPSTREAM_METADATA]).catch(() => undefined);
-    return "";
-  }
-  return (await repo.raw(["rev-parse", UPSTREAM_METADATA])).trim();
+  await fetch(repo, [METADATA_REFSPEC]).catch((err: unknown) => {
+    throw new RemoteError(`fetch of ${METADATA_REF} failed: ${messageOf(err)}`);
+  });
+  return revParse(repo, UPSTREAM_METADATA);
+}
+
+function fetch(repo: SimpleGit, refspecs: string[]): Promise<string> {
+  return repo.raw(["fetch", "--quiet", "--prune", "--no-tags", "--no-write-fetch-head", "origin", ...refspecs]);
 }
 
 export type PushResult = { outcome: "pushed" } | { outcome: "rejected"; message: string } | { outcome: "failed"; message: string };

@@ -24,6 +24,10 @@ export function volumeBranch(volumeId: string): string {
   return `volume/${volumeId}`;
 }
 
+export function volumeBranchRef(volumeId: string): string {
+  return `refs/heads/${volumeBranch(volumeId)}`;
+}
+
 /**
  * Fetches the volume's ref into the URL's bare repository and returns the
  * volume's work tree: the one the node kept from an earlier stage, or a new
@@ -33,14 +37,14 @@ export async function prepareTree(store: Store, volumeId: string, source: gitcsi
   const branch = branchOfRef(source.ref);
   const repo = await store.ensureRepo(source.url);
   const treePath = store.treeDir(volumeId);
+  const gitDir = store.treeGitDir(source.url, volumeId);
+  const [hasTree, hasGitDir] = await Promise.all([exists(treePath), exists(gitDir)]);
   const fetched =
-    credentialMissing && (await exists(treePath))
+    credentialMissing && hasTree
       ? "skipped"
       : await access.run((remote) => fetchBranch(store.repo(source.url, remote), branch)).catch((err: Error) => {
           throw unavailable(`${err.message} (${source.url})`);
         });
-  const gitDir = store.treeGitDir(source.url, volumeId);
-  const [hasTree, hasGitDir] = await Promise.all([exists(treePath), exists(gitDir)]);
   if (hasTree && !hasGitDir) {
     throw failedPrecondition(`volume ${volumeId} has a work tree on this node that follows another repository than ${source.url}; give the volume a new volumeHandle, or delete the old PersistentVolume with reclaim policy Delete`);
   }

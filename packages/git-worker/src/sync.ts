@@ -13,7 +13,7 @@ import { recordMetadata, replayMetadata } from "./metadata";
 import { deleteBranch, fetchBranch, fetchMetadata, pushCommit, pushMetadata, RemoteError } from "./remote";
 import { type Store, UPSTREAM_METADATA, upstreamRef } from "./store";
 import { canMoveTree, countCommits, isAncestor, moveTree, revParse, stagedPaths, stagePaths, statusOf } from "./tree";
-import { type PreparedTree, volumeBranch } from "./stage";
+import { type PreparedTree, volumeBranchRef } from "./stage";
 
 /** Paths the driver never commits: libfuse's names for open, unlinked files. */
 const ALWAYS_IGNORED = [".fuse_hidden*"];
@@ -213,9 +213,8 @@ export class VolumeSync {
     }
     this.onSideBranch = (await this.remote((repo) => fetchBranch(repo, this.sideBranch))) === "fetched";
     if (fetched === "missing") {
-      this.refDeleted = true;
       this.onSideBranch = true;
-      this.emit(Reason.RefDeleted, "Warning", `${this.ctx.branch} was deleted upstream; the volume's commits go to ${this.sideBranch} so nothing is lost`);
+      this.noteRefDeleted();
       return;
     }
     if (this.onSideBranch) {
@@ -230,14 +229,13 @@ export class VolumeSync {
       this.noteUpstreamMoved();
       return;
     }
-    const branchRef = `refs/heads/${volumeBranch(this.ctx.volumeId)}`;
     if (await isAncestor(this.repo, head, upstream)) {
-      await moveTree(this.tree, branchRef, head, upstream);
+      await moveTree(this.tree, volumeBranchRef(this.ctx.volumeId), head, upstream);
       this.ctx.logger.info("the tree took upstream", { volume: this.ctx.volumeId, operation: "stage", from: head, to: upstream });
       return;
     }
     const rebased = await this.rebaseInScratch(head, upstream);
-    if (rebased === undefined || !(await moveTree(this.tree, branchRef, head, rebased))) {
+    if (rebased === undefined || !(await moveTree(this.tree, volumeBranchRef(this.ctx.volumeId), head, rebased))) {
       await this.moveToSideBranch(`the tree and ${this.ctx.branch} diverged and rebasing at stage conflicted`);
       return;
     }
@@ -528,8 +526,7 @@ export class VolumeSync {
    */
   private async rebaseOntoUpstream(head: string): Promise<{ commit: string } | string> {
     if ((await this.remote((repo) => fetchBranch(repo, this.ctx.branch, true))) === "missing") {
-      this.refDeleted = true;
-      this.emit(Reason.RefDeleted, "Warning", `${this.ctx.branch} was deleted upstream; the volume's commits go to ${this.sideBranch} so nothing is lost`);
+      this.noteRefDeleted();
       return `${this.ctx.branch} was deleted upstream`;
     }
     const upstream = await revParse(this.repo, upstreamRef(this.ctx.branch));
@@ -541,9 +538,14 @@ export class VolumeSync {
     return { commit: rebased };
   }
 
+  private noteRefDeleted(): void {
+    this.refDeleted = true;
+    this.emit(Reason.RefDeleted, "Warning", `${this.ctx.branch} was deleted upstream; the volume's commits go to ${this.sideBranch} so nothing is lost`);
+  }
+
   /** The pod's tree takes a rebased commit that landed, in one step. */
   private async takeRebased(head: string, rebased: string): Promise<void> {
-    if (await moveTree(this.tree, `refs/heads/${volumeBranch(this.ctx.volumeId)}`, head, rebased)) {
+    if (await moveTree(this.tree, volumeBranchRef(this.ctx.volumeId), head, rebased)) {
       this.emit(Reason.Rebased, "Normal", `${this.ctx.branch} moved upstream; the volume's commits were rebased onto it and the pod's tree took upstream's files`);
     } else {
       // The application wrote a file upstream changed after the check: the next cycle's rebase decides.
@@ -589,7 +591,7 @@ export class VolumeSync {
     if (sidePushed === "" || !(await isAncestor(this.repo, sidePushed, upstream))) return;
     const head = await revParse(this.tree, "HEAD");
     const rebased = await this.rebaseInScratch(head, upstream);
-    if (rebased === undefined || !(await moveTree(this.tree, `refs/heads/${volumeBranch(this.ctx.volumeId)}`, head, rebased))) return;
+    if (rebased === undefined || !(await moveTree(this.tree, volumeBranchRef(this.ctx.volumeId), head, rebased))) return;
     this.onSideBranch = false;
     await this.remote((repo) => deleteBranch(repo, this.sideBranch));
     this.emit(Reason.Healed, "Normal", `${this.sideBranch} was merged into ${this.ctx.branch}: the volume is back on ${this.ctx.branch} and the side branch is deleted`);
