@@ -1,0 +1,5 @@
+export * from "./client";
+export * from "./class-watch";
+export * from "./events";
+export type { Backoff } from "./watched";
+export * from "./volumes";
