@@ -27,16 +27,41 @@ export interface Driver {
   owner: mountOwner.MountOwnerClient;
   /** The node plugin's /metrics listener, when started with a metrics port. */
   metricsUrl: string;
+  /** The mount owner's /metrics listener, when started with its port. */
+  ownerMetricsUrl: string;
+  /** A shell command as the node's applications see its mounts: in the node's own mount namespace, if it has one. */
+  sh(script: string): Promise<string>;
   stop(): Promise<void>;
 }
 
-export async function startDriver(options: { nodeId?: string; dir?: string; metricsPort?: number } = {}): Promise<Driver> {
+export interface DriverOptions {
+  nodeId?: string;
+  dir?: string;
+  metricsPort?: number;
+  /** The mount owner's /metrics port (git_csi_operations_total). */
+  ownerMetricsPort?: number;
+  /** Spec 000's lease and renewal, shortened for tests that wait for an expiry. */
+  lease?: { duration: string; renewInterval: string };
+  /**
+   * A mount namespace of the node's own (unshare, private propagation), as a
+   * second machine has: its mounts and the kernel table it scans are its own.
+   */
+  ownMountNamespace?: boolean;
+  /** An API server the services watch and post events to. */
+  kubeconfig?: string;
+}
+
+export async function startDriver(options: DriverOptions = {}): Promise<Driver> {
   const dir = options.dir ?? (await fs.mkdtemp(path.join(os.tmpdir(), "git-csi-e2e-")));
   const stateDir = path.join(dir, "state");
   const endpoint = `unix://${path.join(dir, "csi.sock")}`;
-  const launcher = spawn(process.execPath, [LAUNCHER, "standalone", "--state-dir", stateDir, "--endpoint", endpoint, "--node-id", options.nodeId ?? "e2e-node", "--metrics-address", options.metricsPort ? `127.0.0.1:${options.metricsPort}` : ""], {
-    stdio: ["ignore", "pipe", "pipe"],
-  });
+  const address = (port?: number) => (port ? `127.0.0.1:${port}` : "");
+  const args = ["standalone", "--state-dir", stateDir, "--endpoint", endpoint, "--node-id", options.nodeId ?? "e2e-node", "--metrics-address", address(options.metricsPort), "--owner-metrics-address", address(options.ownerMetricsPort)];
+  if (options.lease) args.push("--lease-duration", options.lease.duration, "--lease-renew-interval", options.lease.renewInterval);
+  if (options.kubeconfig) args.push("--kubeconfig", options.kubeconfig);
+  const launcher = options.ownMountNamespace
+    ? spawn("unshare", ["--mount", "--propagation", "private", process.execPath, LAUNCHER, ...args], { stdio: ["ignore", "pipe", "pipe"] })
+    : spawn(process.execPath, [LAUNCHER, ...args], { stdio: ["ignore", "pipe", "pipe"] });
   let logs = "";
   launcher.stderr!.on("data", (chunk: Buffer) => (logs += chunk.toString()));
   await waitForReadyLine(launcher, () => logs);
@@ -55,6 +80,9 @@ export async function startDriver(options: { nodeId?: string; dir?: string; metr
     logs: () => logs,
     owner,
     metricsUrl: options.metricsPort ? `http://127.0.0.1:${options.metricsPort}` : "",
+    ownerMetricsUrl: options.ownerMetricsPort ? `http://127.0.0.1:${options.ownerMetricsPort}` : "",
+    // unshare execs the launcher in place: its pid names the namespace.
+    sh: (script) => (options.ownMountNamespace ? run("nsenter", ["-t", String(launcher.pid), "-m", "--", "sh", "-c", script]).then((r) => r.stdout) : sh(script)),
     stop: async () => {
       for (const c of [identity, controller, node, owner]) c.close();
       await stopProcess(launcher);

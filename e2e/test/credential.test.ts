@@ -26,6 +26,7 @@ import { type HttpGitServer, startHttpGitServer } from "../src/http-server";
 import { type SshGitServer, startSshGitServer } from "../src/ssh-server";
 
 const QUIET = { "push.quiesce": "1s", "push.maxLatency": "1h" };
+const LEASE = { duration: "12s", renewInterval: "3s" };
 
 describe("the credential", () => {
   let ssh: SshGitServer;
@@ -48,7 +49,8 @@ describe("the credential", () => {
       material.push(...keys[name]!.split("\n").filter((l) => l.length > 40 && !l.startsWith("-----")).slice(1));
     }
     material.push(http.token);
-    driver = await startDriver({ metricsPort: await freePort() });
+    // A short lease: one test waits for a lease that a restarted worker could not release to run out.
+    driver = await startDriver({ metricsPort: await freePort(), lease: LEASE });
   });
 
   after(async () => {
@@ -178,8 +180,13 @@ describe("the credential", () => {
     const nodeRepo = (await fs.readdir(path.join(driver.stateDir, "repos"))).map((r) => path.join(driver.stateDir, "repos", r));
     const held = await Promise.all(nodeRepo.map((g) => runGit(["--git-dir", g, "show", `volume/${volume.volumeId}:waiting.txt`]).catch(() => "")));
     assert.ok(held.includes("waiting"), "the commit stays in the node's tree");
-    // Step 3 and 4 of the recovery: a new PersistentVolume with both references, staged on the same node.
-    const again = await stageAndPublish(driver, created, undefined, `cred-again-${n}`, { stage: sshSecret("second"), publish: sshSecret("second") });
+    // The restarted worker held no credential to release the mount epoch: local cleanup completed, and the lease runs out by itself.
+    assert.match(volumeLogs(driver, volume.volumeId), /"operation":"mount_release_deferred"/);
+    // Step 3 and 4 of the recovery: a new PersistentVolume with both references, staged on the same node,
+    // once the old epoch's lease ran out: until then it still excludes every other mount session.
+    const secrets = { stage: sshSecret("second"), publish: sshSecret("second") };
+    await assert.rejects(stageAndPublish(driver, created, undefined, `cred-again-${n}`, secrets), /is held by node e2e-node/);
+    const again = await waitFor("the old epoch's lease to run out", () => stageAndPublish(driver, created, undefined, `cred-again-${n}`, secrets).catch(() => undefined), 30_000);
     assert.equal(await sh(`cat '${again.targetPath}/waiting.txt'`), "waiting\n", "the stage starts from the tree the node kept");
     // The class's next push (here: when the pod stops) sends what the last unstage could not.
     await unpublishAndUnstage(driver, again);

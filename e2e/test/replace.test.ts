@@ -30,7 +30,8 @@ describe("the split-service layout", () => {
   before(async () => {
     server = await startGitDaemon();
     await server.createRepo("app.git");
-    driver = await startDriver();
+    // A short lease, so the frontend's absence spans more than a whole lease.
+    driver = await startDriver({ lease: { duration: "3s", renewInterval: "1s" } });
   });
 
   after(async () => {
@@ -38,10 +39,16 @@ describe("the split-service layout", () => {
     await server?.stop();
   });
 
-  test("SIGKILL of csi-frontend while an application writes leaves the mount serving, and a new frontend answers at once", async () => {
+  /** The volume's owner record on the remote, as fields. */
+  async function ownerRecord(volumeId: string): Promise<Record<string, string>> {
+    const text = await server.git("app.git", "show", "-s", "--format=%B", `refs/git-csi/owner/${volumeId}`);
+    return Object.fromEntries([...text.matchAll(/^([a-z-]+): (\S+)/gm)].map((m) => [m[1]!, m[2]!]));
+  }
+
+  test("SIGKILL of csi-frontend while an application writes leaves the mount serving and renewing its lease, and a new frontend answers at once", async () => {
     const volume = await createVolume(driver, "replace-frontend", server.url("app.git"));
     const published = await stageAndPublish(driver, volume);
-    const lines = 1000;
+    const lines = 1500;
     const writer = spawn("python3", ["-c", WRITER, path.join(published.targetPath, "log.txt"), String(lines)], { stdio: ["ignore", "pipe", "pipe"] });
     let writerErr = "";
     writer.stderr.on("data", (c: Buffer) => (writerErr += c.toString()));
@@ -62,9 +69,17 @@ describe("the split-service layout", () => {
     assert.equal(probe.ready, true);
     assert.notEqual(newPid, oldPid);
     assert.ok(Date.now() - killedAt < 15_000, "the replacement answered");
+    // Kill it again and again while the writer goes on, for longer than a lease: the mount owner renews without it.
+    for (let i = 0; i < 4; i++) {
+      await new Promise((r) => setTimeout(r, 1000));
+      process.kill(await driver.pid("csi-frontend"), "SIGKILL");
+    }
 
     assert.equal(await writerDone, 0, `the writer met errors: ${writerErr}`);
     assert.equal(writerErr, "");
+    const record = await ownerRecord(volume.volumeId);
+    assert.equal(record.released, "false");
+    assert.ok(Number(record.expires) > killedAt + 4000 + 3000, "renewals went on while the frontend was away");
     const written = await fs.readFile(path.join(driver.stateDir, "trees", volume.volumeId, "log.txt"), "utf8");
     assert.deepEqual(written.split("\n").filter(Boolean), Array.from({ length: lines }, (_, i) => `line ${i}`));
     assert.equal(await sh(`wc -l < '${published.targetPath}/log.txt'`), `${lines}\n`);
@@ -79,6 +94,7 @@ describe("the split-service layout", () => {
     const volume = await createVolume(driver, "restart-owner", server.url("app.git"));
     const published = await stageAndPublish(driver, volume);
     await sh(`echo before > '${published.targetPath}/kept.txt'`);
+    const epoch = (await ownerRecord(volume.volumeId)).epoch;
     const oldPid = await driver.pid("mount-owner");
     process.kill(oldPid, "SIGKILL");
     await waitFor("a new mount owner", async () => (await driver.pid("mount-owner")) !== oldPid);
@@ -89,8 +105,11 @@ describe("the split-service layout", () => {
     await unpublishAndUnstage(driver, published);
     await unpublishAndUnstage(driver, published);
     assert.deepEqual(await mountsUnder(driver.dir), []);
+    // The unstage released the epoch the .rwo-session record kept across the restart.
+    assert.deepEqual([(await ownerRecord(volume.volumeId)).epoch, (await ownerRecord(volume.volumeId)).released], [epoch, "true"]);
 
     const again = await stageAndPublish(driver, volume);
+    assert.notEqual((await ownerRecord(volume.volumeId)).epoch, epoch, "a fresh stage serves with a new epoch");
     assert.equal(await sh(`cat '${again.targetPath}/kept.txt'`), "before\n");
     await unpublishAndUnstage(driver, again);
     assert.deepEqual(await mountsUnder(driver.dir), []);

@@ -61,11 +61,18 @@ async function remoteHas(server: GitServer, repo: string, ref: string): Promise<
 
 const FAST = { "push.quiesce": "1s", "push.maxLatency": "1m" };
 
-/** A real push failure: the server's pre-receive hook declines every push until it is removed. */
+/** A real push failure: the server's pre-receive hook declines every push to a branch until it is removed. */
 async function refusePushes(server: GitServer, repo: string): Promise<() => Promise<void>> {
   const hook = path.join(server.repoPath(repo), "hooks", "pre-receive");
   await fs.mkdir(path.dirname(hook), { recursive: true });
-  await fs.writeFile(hook, "#!/bin/sh\necho 'the forge is read-only for this test' >&2\nexit 1\n", { mode: 0o755 });
+  // A protected branch, as a forge has: the branches refuse pushes; the driver's own refs (the owner ref's release) do not.
+  const script = `#!/bin/sh
+while read old new ref; do
+  case "$ref" in refs/heads/*) echo 'the forge is read-only for this test' >&2; exit 1;; esac
+done
+exit 0
+`;
+  await fs.writeFile(hook, script, { mode: 0o755 });
   return () => fs.rm(hook);
 }
 

@@ -10,6 +10,13 @@ export interface StandaloneOptions {
   nodeId: string;
   /** host:port of the node plugin's /metrics listener; empty for none. */
   metricsAddress: string;
+  /** host:port of the mount owner's /metrics listener (the operation counts of spec 000); empty for none. */
+  ownerMetricsAddress: string;
+  /** Spec 000's lease and renewal interval, as durations ("90s", "20s"). */
+  leaseDuration: string;
+  leaseRenewInterval: string;
+  /** A kubeconfig: the services then watch and report to that API server, as in a cluster; empty for none. */
+  kubeconfig: string;
 }
 
 interface Child {
@@ -46,9 +53,12 @@ export class Standalone {
     const worker = `unix://${path.join(sockets, "git-worker.sock")}`;
     const owner = `unix://${path.join(sockets, "mount-owner.sock")}`;
     this.children = [
-      { name: "git-worker", args: [binOf("git-worker"), "--state-dir", options.stateDir, "--listen", worker, "--metrics-address", options.metricsAddress] },
-      { name: "mount-owner", args: [binOf("mount-owner"), "--state-dir", options.stateDir, "--listen", owner, "--git-worker", worker, "--node-id", options.nodeId] },
-      { name: "csi-frontend", args: [binOf("csi-frontend"), "--endpoint", options.endpoint, "--mount-owner", owner, "--node-id", options.nodeId, "--mode", "standalone"] },
+      { name: "git-worker", args: [binOf("git-worker"), "--state-dir", options.stateDir, "--listen", worker, "--metrics-address", options.metricsAddress, "--node-id", options.nodeId, "--kubeconfig", options.kubeconfig] },
+      {
+        name: "mount-owner",
+        args: [binOf("mount-owner"), "--state-dir", options.stateDir, "--listen", owner, "--git-worker", worker, "--node-id", options.nodeId, "--metrics-address", options.ownerMetricsAddress, "--lease-duration", options.leaseDuration, "--lease-renew-interval", options.leaseRenewInterval, "--kubeconfig", options.kubeconfig],
+      },
+      { name: "csi-frontend", args: [binOf("csi-frontend"), "--endpoint", options.endpoint, "--mount-owner", owner, "--node-id", options.nodeId, "--mode", "standalone", "--kubeconfig", options.kubeconfig] },
     ];
   }
 

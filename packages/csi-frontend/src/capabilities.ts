@@ -57,6 +57,12 @@ export function accessModeName(mode: gitcsi.AccessMode): string {
   return Object.keys(MODE_NAMES).find((k) => MODE_NAMES[k] === mode) ?? "unspecified";
 }
 
+/** A PersistentVolume's single-node mode, or unspecified when it names neither (or both). */
+export function accessModeOfPersistentVolume(accessModes: string[]): gitcsi.AccessMode {
+  const modes = accessModes.map((m) => MODE_NAMES[m]).filter((m) => m !== undefined);
+  return modes.length === 1 ? modes[0]! : gitcsi.AccessMode.ACCESS_MODE_UNSPECIFIED;
+}
+
 export function checkContextMode(context: Record<string, string>, requested: gitcsi.AccessMode): void {
   const recorded = context[ACCESS_MODE_KEY];
   if (recorded === undefined) return;

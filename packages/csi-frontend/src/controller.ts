@@ -1,14 +1,39 @@
+import { findPersistentVolume, type KubeConfig } from "@git-csi/k8s";
 import type { Logger } from "@git-csi/logging";
-import { call, csi, invalidArgument, type mountOwner, required, unary } from "@git-csi/protos";
-import { ACCESS_MODE_KEY, accessModeName, accessModeOf, accessModeOfAll, capabilityOf } from "./capabilities";
+import { status } from "@grpc/grpc-js";
+import { call, CsiError, csi, type gitcsi, invalidArgument, type mountOwner, required, unary, unavailable } from "@git-csi/protos";
+import { ACCESS_MODE_KEY, accessModeName, accessModeOf, accessModeOfAll, accessModeOfPersistentVolume, capabilityOf } from "./capabilities";
 import { checkClassParameters, sourceOf, volumeIdOf } from "./validate";
 
 const TIMEOUT_MS = 30_000;
 /** Parameters the external-provisioner adds on its own; they are not the user's to validate. */
 const PROVISIONER_PREFIX = "csi.storage.k8s.io/";
 
-export function controllerService(owner: mountOwner.MountOwnerClient, logger: Logger): Partial<csi.ControllerServer> {
-  const getVolume = async (volumeId: string) => (await call(owner.getVolume.bind(owner), { volumeId }, TIMEOUT_MS)).volume!;
+/** A volume the controller knows: by its record, or only by its PersistentVolume. */
+interface KnownVolume {
+  accessMode: gitcsi.AccessMode;
+  recorded: boolean;
+}
+
+/**
+ * kubeConfig: in a cluster, a volume the controller holds no record of still
+ * exists when a PersistentVolume of the driver names it: a static volume, or
+ * one whose record went with the controller pod's state.
+ */
+export function controllerService(owner: mountOwner.MountOwnerClient, logger: Logger, kubeConfig?: KubeConfig): Partial<csi.ControllerServer> {
+  const getVolume = async (volumeId: string): Promise<KnownVolume> => {
+    try {
+      const { volume } = await call(owner.getVolume.bind(owner), { volumeId }, TIMEOUT_MS);
+      return { accessMode: volume!.accessMode, recorded: true };
+    } catch (err) {
+      if (!kubeConfig || !(err instanceof CsiError) || err.code !== status.NOT_FOUND) throw err;
+      const pv = await findPersistentVolume(kubeConfig, volumeId).catch((e: Error) => {
+        throw unavailable(`volume ${volumeId} has no controller record, and the API server did not answer whether a PersistentVolume names it: ${e.message}`);
+      });
+      if (!pv) throw err;
+      return { accessMode: accessModeOfPersistentVolume(pv.accessModes), recorded: false };
+    }
+  };
 
   return {
     controllerGetCapabilities: unary("controller_get_capabilities", logger, async () => ({
@@ -77,9 +102,10 @@ export function controllerService(owner: mountOwner.MountOwnerClient, logger: Lo
 
     controllerModifyVolume: unary("controller_modify_volume", logger, async (request: csi.ControllerModifyVolumeRequest) => {
       const volumeId = volumeIdOf(request.volumeId);
-      await getVolume(volumeId);
+      const volume = await getVolume(volumeId);
       checkClassParameters(request.mutableParameters, "mutable_parameters");
-      await call(owner.modifyVolume.bind(owner), { volumeId, classParameters: request.mutableParameters }, TIMEOUT_MS);
+      // Without a record there is nothing to keep: the nodes learn the claim's class from the API.
+      if (volume.recorded) await call(owner.modifyVolume.bind(owner), { volumeId, classParameters: request.mutableParameters }, TIMEOUT_MS);
       return {};
     }),
   };

@@ -1,6 +1,7 @@
 #!/usr/bin/env node
 import type { UntypedServiceImplementation } from "@grpc/grpc-js";
 import { parseFlags, runMain, UsageError } from "@git-csi/config";
+import { kubeConfigIfAny } from "@git-csi/k8s";
 import { createLogger, logLifecycle } from "@git-csi/logging";
 import { csi, dialUnix, mountOwner, type Service, serveUnix, stopServer } from "@git-csi/protos";
 import { controllerService } from "./controller";
@@ -20,6 +21,7 @@ async function main(): Promise<void> {
       { name: "mount-owner", help: "the mount owner's socket, unix:///path/mount-owner.sock", required: true },
       { name: "node-id", help: "this node's name, answered by NodeGetInfo", default: process.env.NODE_NAME ?? "" },
       { name: "mode", help: `which CSI services to serve: ${MODES.join(", ")} (standalone serves Controller and Node together, for running with no cluster)`, default: "node" },
+      { name: "kubeconfig", help: "kubeconfig of the API server whose PersistentVolumes the controller consults for volumes it holds no record of; empty: the pod's service account in a cluster, none outside one", default: "" },
     ],
   );
   const mode = flags.mode as Mode;
@@ -29,7 +31,8 @@ async function main(): Promise<void> {
   const owner = dialUnix(mountOwner.MountOwnerClient, flags["mount-owner"]!);
   const services: Service[] = [{ definition: csi.IdentityService, implementation: identityService(version(), owner, logger) }];
   // Methods a service does not implement answer UNIMPLEMENTED.
-  if (mode !== "node") services.push({ definition: csi.ControllerService, implementation: controllerService(owner, logger) as UntypedServiceImplementation });
+  const kubeConfig = mode === "node" ? undefined : await kubeConfigIfAny(flags.kubeconfig!);
+  if (mode !== "node") services.push({ definition: csi.ControllerService, implementation: controllerService(owner, logger, kubeConfig) as UntypedServiceImplementation });
   if (mode !== "controller") services.push({ definition: csi.NodeService, implementation: nodeService(flags["node-id"]!, owner, logger) as UntypedServiceImplementation });
   const server = await serveUnix(flags.endpoint!, services);
   logLifecycle(logger, async () => {

@@ -8,7 +8,7 @@ const STAGE_TIMEOUT_MS = 10 * 60_000;
 const TIMEOUT_MS = 60_000;
 
 /** The kubelet's podInfoOnMount keys. */
-function podOf(context: Record<string, string>): mountOwner.Pod | undefined {
+function podOf(context: Record<string, string>): gitcsi.Pod | undefined {
   const name = context["csi.storage.k8s.io/pod.name"];
   if (!name) return undefined;
   return { name, namespace: context["csi.storage.k8s.io/pod.namespace"] ?? "", uid: context["csi.storage.k8s.io/pod.uid"] ?? "" };

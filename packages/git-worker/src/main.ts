@@ -1,6 +1,7 @@
 #!/usr/bin/env node
 import type * as http from "node:http";
 import { KeyedSerial, parseDuration, parseFlags, runMain, UsageError } from "@git-csi/config";
+import { EventRecorder, kubeConfigIfAny } from "@git-csi/k8s";
 import { createLogger, type Logger, logLifecycle } from "@git-csi/logging";
 import { DriverMetrics, serveMetrics } from "@git-csi/metrics";
 import { gitWorker, serveUnix, stopServer } from "@git-csi/protos";
@@ -28,6 +29,8 @@ async function main(): Promise<void> {
     { name: "listen", help: "unix socket this worker serves, unix:///path/git-worker.sock", required: true },
     { name: "gc-interval", help: "how often to collect the node's git store: refs no volume follows, repositories no tree names, git gc", default: "1h" },
     { name: "metrics-address", help: "host:port of the /metrics listener and the per-volume reports at /volumes/<volume>; empty for none", default: "" },
+    { name: "node-id", help: "this node's name, the reporting instance of its events", default: process.env.NODE_NAME ?? "" },
+    { name: "kubeconfig", help: "kubeconfig of the API server that receives the volumes' events on their pods and claims; empty: the pod's service account in a cluster, none outside one", default: "" },
   ]);
   const logger = createLogger("git-worker");
   const store = new Store(flags["state-dir"]!);
@@ -38,11 +41,13 @@ async function main(): Promise<void> {
   const broker = new CredentialBroker(path.join(store.socketDir(), "credentials.sock"));
   await broker.start();
   const perRepository = new KeyedSerial();
+  const kubeConfig = await kubeConfigIfAny(flags.kubeconfig!);
+  const events = kubeConfig ? new EventRecorder({ kubeConfig, nodeId: flags["node-id"]!, logger }) : undefined;
   const collect = serialCollector(store, logger, perRepository);
   const gcIntervalMs = parseDuration(flags["gc-interval"]!);
   if (gcIntervalMs === undefined) throw new UsageError(`git-worker: --gc-interval ${flags["gc-interval"]} must be a duration such as 1h`);
   const gcTimer = setInterval(() => void collect(), gcIntervalMs);
-  const server = await serveUnix(flags.listen!, [{ definition: gitWorker.GitWorkerService, implementation: gitWorkerService(store, syncs, broker, metrics, logger, perRepository, collect) }]);
+  const server = await serveUnix(flags.listen!, [{ definition: gitWorker.GitWorkerService, implementation: gitWorkerService({ store, syncs, broker, metrics, logger, perRepository, collect, events }) }]);
   let listener: http.Server | undefined;
   if (flags["metrics-address"]) {
     listener = await serveMetrics(flags["metrics-address"], metrics, [

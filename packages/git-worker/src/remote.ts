@@ -1,6 +1,6 @@
 import { GitError, type SimpleGit } from "simple-git";
 import { METADATA_REF } from "@git-csi/config";
-import { UPSTREAM_METADATA, upstreamRef } from "./store";
+import { ownerRef, UPSTREAM_METADATA, upstreamOwnerRef, upstreamRef } from "./store";
 import { isAncestor, revParse } from "./tree";
 
 export type FetchResult = "fetched" | "missing";
@@ -49,43 +49,87 @@ function fetch(repo: SimpleGit, refspecs: string[]): Promise<string> {
 export type PushResult = { outcome: "pushed" } | { outcome: "rejected"; message: string } | { outcome: "failed"; message: string };
 
 /**
- * Pushes a commit to a ref as a compare-and-swap from the commit the node last
- * saw there (none: the ref must not exist). So a ref that moved or was deleted
- * upstream is never overwritten or silently made again: that is "rejected",
- * and a fetch tells which. "failed" is anything else, such as a refused
- * credential. `seen` is the node's ref holding its last view of `ref`.
+ * One ref's compare-and-swap in a push: it moves from `expected` (the node's
+ * view, `seen`; "" for a ref that must not exist) to `next` ("" deletes it).
  */
-export async function pushRef(repo: SimpleGit, commit: string, ref: string, seen: string): Promise<PushResult> {
-  const expected = (await repo.raw(["rev-parse", "--verify", "--quiet", seen]).catch(() => "")).trim();
+export interface RefUpdate {
+  ref: string;
+  expected: string;
+  next: string;
+  seen: string;
+}
+
+/**
+ * The owner ref's renewal that goes with every push of a volume (spec 000's
+ * fencing): the push is atomic, so it lands only while the ref still holds
+ * the record the pusher last wrote.
+ */
+export type Fence = RefUpdate;
+
+/**
+ * Pushes the updates in one atomic push, each a compare-and-swap. A ref that
+ * moved or was deleted upstream is never overwritten or silently made again:
+ * that is "rejected", and a fetch tells which. "failed" is anything else,
+ * such as a refused credential. On success each `seen` takes its new value.
+ */
+export async function pushUpdates(repo: SimpleGit, updates: RefUpdate[]): Promise<PushResult> {
+  const leases = updates.map((u) => `--force-with-lease=${u.ref}:${u.expected}`);
+  const refspecs = updates.map((u) => `${u.next}:${u.ref}`);
+  try {
+    await repo.raw(["push", "--porcelain", ...(updates.length > 1 ? ["--atomic"] : []), ...leases, "origin", ...refspecs]);
+  } catch (err) {
+    const message = messageOf(err);
+    if (/\[rejected\]|non-fast-forward|fetch first|\(stale info\)|atomic push failed/.test(message)) return { outcome: "rejected", message };
+    return { outcome: "failed", message };
+  }
+  for (const u of updates) await repo.raw(u.next === "" ? ["update-ref", "-d", u.seen] : ["update-ref", u.seen, u.next]);
+  return { outcome: "pushed" };
+}
+
+/**
+ * Pushes a commit to a ref as a compare-and-swap from the commit the node last
+ * saw there, with the volume's fence. `seen` is the node's ref holding its
+ * last view of `ref`.
+ */
+export async function pushRef(repo: SimpleGit, commit: string, ref: string, seen: string, fence: Fence): Promise<PushResult> {
+  const expected = await revParse(repo, seen);
   // The lease alone would let a push replace commits it does not contain: volumes of one URL
   // share the node's view of the remote, so another volume's push moves it. Only a commit
   // that descends from what the remote holds is ever sent; anything else rebases first.
   if (expected !== "" && !(await isAncestor(repo, expected, commit))) {
     return { outcome: "rejected", message: `${ref} holds ${expected.slice(0, 12)}, which ${commit.slice(0, 12)} does not contain` };
   }
+  return pushUpdates(repo, [{ ref, expected, next: commit, seen }, fence]);
+}
+
+export function pushCommit(repo: SimpleGit, commit: string, branch: string, fence: Fence): Promise<PushResult> {
+  return pushRef(repo, commit, `refs/heads/${branch}`, upstreamRef(branch), fence);
+}
+
+export function pushMetadata(repo: SimpleGit, commit: string, fence: Fence): Promise<PushResult> {
+  return pushRef(repo, commit, METADATA_REF, UPSTREAM_METADATA, fence);
+}
+
+/**
+ * Fetches the volume's owner ref into the node's view of it; "" when the
+ * remote has none.
+ */
+export async function fetchOwner(repo: SimpleGit, volumeId: string): Promise<string> {
+  const seen = upstreamOwnerRef(volumeId);
   try {
-    await repo.raw(["push", "--porcelain", `--force-with-lease=${ref}:${expected}`, "origin", `${commit}:${ref}`]);
+    await fetch(repo, [`+${ownerRef(volumeId)}:${seen}`]);
   } catch (err) {
     const message = messageOf(err);
-    if (/\[rejected\]|non-fast-forward|fetch first|\(stale info\)/.test(message)) return { outcome: "rejected", message };
-    return { outcome: "failed", message };
+    if (!/couldn't find remote ref/i.test(message)) throw new RemoteError(`fetch of ${ownerRef(volumeId)} failed: ${message}`);
+    await repo.raw(["update-ref", "-d", seen]).catch(() => undefined);
   }
-  await repo.raw(["update-ref", seen, commit]);
-  return { outcome: "pushed" };
+  return revParse(repo, seen);
 }
 
-export function pushCommit(repo: SimpleGit, commit: string, branch: string): Promise<PushResult> {
-  return pushRef(repo, commit, `refs/heads/${branch}`, upstreamRef(branch));
-}
-
-export function pushMetadata(repo: SimpleGit, commit: string): Promise<PushResult> {
-  return pushRef(repo, commit, METADATA_REF, UPSTREAM_METADATA);
-}
-
-/** Deletes a branch on the remote, if it is there. */
-export async function deleteBranch(repo: SimpleGit, branch: string): Promise<void> {
-  await repo.raw(["push", "--porcelain", "origin", `:refs/heads/${branch}`]).catch((err: unknown) => {
-    if (!/remote ref does not exist/.test(messageOf(err))) throw err;
-  });
-  await repo.raw(["update-ref", "-d", upstreamRef(branch)]).catch(() => undefined);
+/** Deletes a branch the node last saw on the remote, with the volume's fence. */
+export async function deleteBranch(repo: SimpleGit, branch: string, fence: Fence): Promise<PushResult> {
+  const seen = upstreamRef(branch);
+  const expected = await revParse(repo, seen);
+  if (expected === "") return { outcome: "pushed" };
+  return pushUpdates(repo, [{ ref: `refs/heads/${branch}`, expected, next: "", seen }, fence]);
 }

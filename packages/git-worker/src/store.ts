@@ -103,6 +103,16 @@ export const UPSTREAM_PREFIX = "refs/git-csi/upstream/";
 /** What the node last saw of refs/git-csi/metadata on the remote. */
 export const UPSTREAM_METADATA = `${UPSTREAM_PREFIX}metadata`;
 
+/** The volume's ownership ref on the remote (spec 000's coordinator record). */
+export function ownerRef(volumeId: string): string {
+  return `refs/git-csi/owner/${volumeId}`;
+}
+
+/** What the node last saw of the volume's owner ref. */
+export function upstreamOwnerRef(volumeId: string): string {
+  return `${UPSTREAM_PREFIX}owner/${volumeId}`;
+}
+
 export function missingRef(url: string, branch: string): Error {
   return failedPrecondition(`ref ${branch} does not exist in ${url}; push a first commit to it (a .gitignore is a good one) and stage again`);
 }

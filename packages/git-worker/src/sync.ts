@@ -3,6 +3,7 @@ import * as path from "node:path";
 import watcher from "@parcel/watcher";
 import { type ClassPolicy, type EventType, formatDuration, METADATA_REF, parseClassParameters, Reason, type ReasonName, sideBranchOf } from "@git-csi/config";
 import type { Logger } from "@git-csi/logging";
+import type { InvolvedObject } from "@git-csi/k8s";
 import type { ClaimLabels, DriverMetrics } from "@git-csi/metrics";
 import type { gitcsi, gitWorker } from "@git-csi/protos";
 import type { SimpleGit } from "simple-git";
@@ -10,10 +11,16 @@ import { failedPrecondition } from "@git-csi/protos";
 import type { RemoteAccess } from "./access";
 import { fingerprint } from "./credential";
 import { recordMetadata, replayMetadata } from "./metadata";
-import { deleteBranch, fetchBranch, fetchMetadata, pushCommit, pushMetadata, RemoteError } from "./remote";
+import type { MountLease } from "./lease";
+import { deleteBranch, type Fence, fetchBranch, fetchMetadata, pushCommit, pushMetadata, type PushResult, RemoteError } from "./remote";
 import { type Store, UPSTREAM_METADATA, upstreamRef } from "./store";
 import { canMoveTree, countCommits, isAncestor, moveTree, revParse, stagedPaths, stagePaths, statusOf } from "./tree";
 import { type PreparedTree, volumeBranchRef } from "./stage";
+
+/** Where a volume's events go besides its report and the log: Kubernetes' recorder in a cluster. */
+export interface EventSink {
+  record(object: InvolvedObject, type: EventType, reason: ReasonName, message: string): void;
+}
 
 /** Paths the driver never commits: libfuse's names for open, unlinked files. */
 const ALWAYS_IGNORED = [".fuse_hidden*"];
@@ -32,6 +39,10 @@ export interface SyncContext {
   metrics: DriverMetrics;
   /** How the volume reaches its remote with the stage's credential. */
   access: RemoteAccess;
+  /** The mount epoch's ownership of the volume: every push carries its fence. */
+  lease: MountLease;
+  /** Posts the volume's events on its claim and pods; none outside a cluster. */
+  events?: EventSink;
   /** The stage carried a Secret, though a restarted worker may not have it. */
   credentialExpected: boolean;
   /** The volume was published before the worker started: a rotation may come with any publish. */
@@ -84,10 +95,52 @@ export class VolumeSync {
   private published: boolean;
   private chain: Promise<unknown> = Promise.resolve();
   private stopped = false;
+  private lease: MountLease;
+  private claim: gitcsi.Claim;
+  private pods: gitcsi.Pod[] = [];
 
   constructor(private readonly ctx: SyncContext) {
     this.access = ctx.access;
     this.published = ctx.published;
+    this.lease = ctx.lease;
+    this.claim = ctx.claim;
+  }
+
+  /** The claim bound to the volume, learned from the API after the stage: the metrics move to its labels. */
+  setClaim(claim: gitcsi.Claim): void {
+    if (claim.namespace === this.claim.namespace && claim.name === this.claim.name && claim.uid === this.claim.uid) return;
+    this.ctx.metrics.forget(this.labels);
+    this.claim = claim;
+    this.publishMetrics();
+  }
+
+  setPods(pods: gitcsi.Pod[]): void {
+    this.pods = pods;
+  }
+
+  get epoch(): string {
+    return this.lease.holder.epoch;
+  }
+
+  get mountLease(): MountLease {
+    return this.lease;
+  }
+
+  /** A new mount session of the volume on this node took ownership while the worker kept watching. */
+  useLease(lease: MountLease): void {
+    this.lease = lease;
+  }
+
+  renewMount(): Promise<gitWorker.MountLease> {
+    return this.lease.renew((operation) => this.remote(operation));
+  }
+
+  /** A push of the volume with the owner ref's renewal: it lands only while the epoch holds the volume. */
+  private fenced(push: (repo: SimpleGit, fence: Fence) => Promise<PushResult>): Promise<PushResult> {
+    return this.lease.fenced(
+      (operation) => this.remote(operation),
+      (fence) => this.remote((repo) => push(repo, fence)),
+    );
   }
 
   /** Waits for a credential: the stage had one that a restarted worker lost, and no publish brought it yet. */
@@ -101,7 +154,7 @@ export class VolumeSync {
   }
 
   private get labels(): ClaimLabels {
-    return { namespace: this.ctx.claim.namespace, claim: this.ctx.claim.name || this.ctx.volumeId };
+    return { namespace: this.claim.namespace, claim: this.claim.name || this.ctx.volumeId };
   }
 
   private get tree() {
@@ -176,8 +229,12 @@ export class VolumeSync {
     this.publishMetrics();
   }
 
-  /** Stops watching and keeps what the watcher knew, for the next start on this node. */
-  async stop(): Promise<void> {
+  /**
+   * Stops watching and keeps what the watcher knew, for the next start on this
+   * node; then release_mount of the epoch, when one is given. True when the
+   * owner ref no longer names that epoch.
+   */
+  async stop(releaseEpoch?: string): Promise<boolean> {
     this.stopped = true;
     for (const timer of [this.quiesceTimer, this.latencyTimer, this.retryTimer]) clearTimeout(timer);
     await this.subscription?.unsubscribe();
@@ -186,8 +243,10 @@ export class VolumeSync {
     await fs.mkdir(this.ctx.store.volumeDir(this.ctx.volumeId), { recursive: true });
     await watcher.writeSnapshot(treeDir, this.snapshotFile());
     await fs.writeFile(this.pendingFile(), JSON.stringify([...this.changed, ...this.pending]));
+    const released = releaseEpoch === this.epoch ? await this.lease.release((operation) => this.remote(operation)) : false;
     this.access.close();
     this.ctx.metrics.forget(this.labels);
+    return released;
   }
 
   private snapshotFile(): string {
@@ -247,7 +306,13 @@ export class VolumeSync {
   /** Arms with a class or unarms without one. A bad parameter throws before anything changes. */
   async setClass(volumeClass: gitcsi.VolumeClass | undefined): Promise<void> {
     const wasArmed = this.policy !== undefined;
-    this.applyClass(volumeClass);
+    try {
+      this.applyClass(volumeClass);
+    } catch (err) {
+      const name = volumeClass?.name ? `class ${volumeClass.name}` : "the class";
+      this.emit(Reason.Refused, "Warning", `${name} is refused and the volume keeps the policy it had: ${(err as Error).message}`);
+      throw err;
+    }
     await this.writeExcludes();
     await this.enqueue(async () => {
       this.fullScan = true;
@@ -367,7 +432,7 @@ export class VolumeSync {
       await stagePaths(this.tree, path.join(this.ctx.store.volumeDir(this.ctx.volumeId), "pathspec"), toStage);
       const staged = await stagedPaths(this.tree);
       if (staged.length > 0) {
-        const subject = `${this.ctx.claim.name ? `${this.ctx.claim.namespace}/${this.ctx.claim.name}` : this.ctx.volumeId}: ${staged.length} path(s) after ${trigger}`;
+        const subject = `${this.claim.name ? `${this.claim.namespace}/${this.claim.name}` : this.ctx.volumeId}: ${staged.length} path(s) after ${trigger}`;
         const body = staged.slice(0, 50).join("\n") + (staged.length > 50 ? `\n… and ${staged.length - 50} more` : "");
         // Plumbing, not `git commit`: that re-checks every tracked file, and the cost must follow the change.
         const parent = await revParse(this.tree, "HEAD");
@@ -425,7 +490,7 @@ export class VolumeSync {
     const head = await revParse(this.tree, "HEAD");
     let candidate = head;
     for (let attempt = 0; this.unpushed > 0 || this.refDeleted; attempt++) {
-      const result = await this.remote((repo) => pushCommit(repo, candidate, this.pushBranch));
+      const result = await this.fenced((repo, fence) => pushCommit(repo, candidate, this.pushBranch, fence));
       if (result.outcome === "pushed") {
         if (candidate !== head) await this.takeRebased(head, candidate);
         this.pushed();
@@ -466,7 +531,7 @@ export class VolumeSync {
         author: this.policy!.author,
         tree: this.tree,
       });
-      const result = commit === base ? ({ outcome: "pushed" } as const) : await this.remote((repo) => pushMetadata(repo, commit));
+      const result = commit === base ? ({ outcome: "pushed" } as const) : await this.fenced((repo, fence) => pushMetadata(repo, commit, fence));
       if (result.outcome === "pushed") {
         for (const p of recorded) this.metadataChanged.delete(p);
         return;
@@ -593,7 +658,8 @@ export class VolumeSync {
     const rebased = await this.rebaseInScratch(head, upstream);
     if (rebased === undefined || !(await moveTree(this.tree, volumeBranchRef(this.ctx.volumeId), head, rebased))) return;
     this.onSideBranch = false;
-    await this.remote((repo) => deleteBranch(repo, this.sideBranch));
+    const deleted = await this.fenced((repo, fence) => deleteBranch(repo, this.sideBranch, fence));
+    if (deleted.outcome !== "pushed") this.ctx.logger.warn(`the merged side branch ${this.sideBranch} stays on the remote: ${deleted.message}`, { volume: this.ctx.volumeId, operation: "heal" });
     this.emit(Reason.Healed, "Normal", `${this.sideBranch} was merged into ${this.ctx.branch}: the volume is back on ${this.ctx.branch} and the side branch is deleted`);
     await this.refreshUnpushed();
   }
@@ -635,6 +701,8 @@ export class VolumeSync {
     previous.close();
     this.warnIfHostKeyUnverified();
     this.ctx.logger.info("a publish brought a new credential; pushing what the remote lacks now", { volume: this.ctx.volumeId, operation: "credential" });
+    // A restarted worker claims the epoch's lease with the first Secret it gets.
+    if (!this.lease.claimed) await this.lease.claim((operation) => this.remote(operation));
     if (this.policy) await this.sync("a new credential");
     else this.publishMetrics();
   }
@@ -651,6 +719,11 @@ export class VolumeSync {
     this.events.push({ reason, type, message, timeUnixMs: Date.now() });
     if (this.events.length > RECENT_EVENTS) this.events.shift();
     this.ctx.logger.log(type === "Warning" ? "warn" : "info", message, { volume: this.ctx.volumeId, claim: this.labels.claim, operation: "event", reason });
+    // Spec 004: the pod's events and the claim's.
+    const sink = this.ctx.events;
+    if (!sink) return;
+    if (this.claim.name) sink.record({ kind: "PersistentVolumeClaim", namespace: this.claim.namespace, name: this.claim.name, uid: this.claim.uid || undefined }, type, reason, message);
+    for (const pod of this.pods) sink.record({ kind: "Pod", namespace: pod.namespace, name: pod.name, uid: pod.uid || undefined }, type, reason, message);
   }
 
   private fail(operation: string, err: unknown): void {
@@ -660,6 +733,8 @@ export class VolumeSync {
 
   abnormal(): string[] {
     const reasons: string[] = [];
+    const lease = this.lease.state();
+    if (!lease.held) reasons.push(`the mount epoch does not hold the volume: ${lease.message}`);
     if (this.waitingForCredential) reasons.push("waits for its credential: the driver restarted, and the next publish brings the Secret");
     if (this.onSideBranch) reasons.push(`diverged: pushes go to ${this.sideBranch} until it is merged into ${this.ctx.branch}`);
     if (this.refDeleted) reasons.push(`${this.ctx.branch} was deleted upstream`);
@@ -682,7 +757,7 @@ export class VolumeSync {
     if (this.waitingForCredential) waitingFor.push("its credential, from the next publish");
     return {
       volumeId: this.ctx.volumeId,
-      claim: this.ctx.claim,
+      claim: this.claim,
       armed: this.policy !== undefined,
       className: this.className,
       pendingPaths: [...this.pending].sort(),

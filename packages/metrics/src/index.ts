@@ -27,10 +27,30 @@ export class DriverMetrics {
   }
 }
 
+/**
+ * The bounded operation label of spec 000: the mount owner's fallbacks and
+ * refusals, counted by a fixed set of names so the series never grow.
+ */
+export const OPERATIONS = ["mount_release_deferred", "stale_epoch_refused"] as const;
+export type Operation = (typeof OPERATIONS)[number];
+
+export class OperationMetrics {
+  readonly registry = new Registry();
+  private readonly operations = new Counter({ name: "git_csi_operations_total", help: "Mount owner operations by kind: mount_release_deferred (an unstage left the lease to run out), stale_epoch_refused (a read or write of a mount whose epoch no longer holds the volume)", labelNames: ["operation"], registers: [this.registry] });
+
+  constructor() {
+    for (const operation of OPERATIONS) this.operations.inc({ operation }, 0);
+  }
+
+  count(operation: Operation): void {
+    this.operations.inc({ operation });
+  }
+}
+
 export type Route = (url: URL) => Promise<{ status: number; body: string; contentType: string } | undefined>;
 
 /** The node plugin's /metrics listener, with extra JSON routes such as the per-volume report. */
-export function serveMetrics(address: string, metrics: DriverMetrics, routes: Route[] = []): Promise<http.Server> {
+export function serveMetrics(address: string, metrics: { registry: Registry }, routes: Route[] = []): Promise<http.Server> {
   const [host, port] = address.includes(":") ? [address.slice(0, address.lastIndexOf(":")), Number(address.slice(address.lastIndexOf(":") + 1))] : ["0.0.0.0", Number(address)];
   const server = http.createServer((req, res) => {
     const url = new URL(req.url ?? "/", "http://localhost");

@@ -1,8 +1,11 @@
 #!/usr/bin/env node
-import { parseFlags, runMain } from "@git-csi/config";
+import { parseDuration, parseFlags, runMain, UsageError } from "@git-csi/config";
+import { ClassWatch, kubeConfigIfAny } from "@git-csi/k8s";
 import { createLogger, logLifecycle } from "@git-csi/logging";
+import { OperationMetrics, serveMetrics } from "@git-csi/metrics";
 import { dialUnix, gitWorker, mountOwner, serveUnix, stopServer } from "@git-csi/protos";
 import { fuseNative } from "./fuse/fuse-native";
+import { fuseSource } from "./mounts";
 import { createPassthrough } from "./fuse/passthrough";
 import { createMountOwner } from "./service";
 import { State } from "./state";
@@ -19,27 +22,65 @@ async function main(): Promise<void> {
       { name: "listen", help: "unix socket this service serves, unix:///path/mount-owner.sock", required: true },
       { name: "git-worker", help: "the git worker's socket, unix:///path/git-worker.sock", required: true },
       { name: "node-id", help: "this node's name", default: process.env.NODE_NAME ?? "" },
+      { name: "lease-duration", help: "how long a mount epoch's claim or renewal lasts (spec 000: 90s)", default: "90s" },
+      { name: "lease-renew-interval", help: "how often the mount owner renews each staged volume's lease (spec 000: 20s)", default: "20s" },
+      { name: "metrics-address", help: "host:port serving git_csi_operations_total at /metrics; empty for none", default: "" },
+      { name: "kubeconfig", help: "kubeconfig of the API server whose PersistentVolumes, claims and VolumeAttributesClasses arm the node's volumes; empty: the pod's service account in a cluster, none outside one", default: "" },
     ],
   );
+  const durationMs = durationFlag(flags, "lease-duration");
+  const renewMs = durationFlag(flags, "lease-renew-interval");
+  if (renewMs * 2 > durationMs) throw new UsageError(`--lease-renew-interval ${flags["lease-renew-interval"]} must be at most half of --lease-duration ${flags["lease-duration"]}, so one failed renewal does not end the lease`);
   const logger = createLogger("mount-owner");
   const worker = dialUnix(gitWorker.GitWorkerClient, flags["git-worker"]!);
+  const metrics = new OperationMetrics();
   const owner = createMountOwner({
     state: new State(flags["state-dir"]!),
     nodeId: flags["node-id"]!,
     endpoints: { mountOwner: flags.listen!, gitWorker: flags["git-worker"]! },
     worker,
     logger,
-    mountTree: (volumeId, treePath, stagingPath) => fuseNative.mount({ mountpoint: stagingPath, fsname: `git-csi:${volumeId}`, ops: createPassthrough(treePath) }),
+    metrics,
+    lease: { durationMs, renewMs },
+    mountTree: (volumeId, treePath, stagingPath, checkEpoch) =>
+      fuseNative.mount({ mountpoint: stagingPath, fsname: fuseSource(volumeId), ops: createPassthrough(treePath, { beforeOperation: checkEpoch }) }),
   });
+  const metricsServer = flags["metrics-address"] ? await serveMetrics(flags["metrics-address"], metrics) : undefined;
+  // No CSI call carries a claim's VolumeAttributesClass to a node: the node learns it from the API.
+  const kubeConfig = await kubeConfigIfAny(flags.kubeconfig!);
+  const listed = new Set<string>();
+  const classWatch = kubeConfig
+    ? new ClassWatch({
+        kubeConfig,
+        logger,
+        onVolume: (volumeId, watched) => {
+          if (watched.deleted) listed.delete(volumeId);
+          else listed.add(volumeId);
+          void owner.applyWatched(volumeId, { ...watched, claim: watched.claim && { namespace: watched.claim.namespace, name: watched.claim.name, uid: watched.claim.uid ?? "" } });
+        },
+      })
+    : undefined;
+  void classWatch
+    ?.start()
+    .then(() => owner.removeVolumesDeletedWhileDown(new Set(listed)))
+    .catch((err: Error) => logger.error(`the Kubernetes watch did not start: ${err.message}`, { operation: "watch_volumes" }));
   const server = await serveUnix(flags.listen!, [{ definition: mountOwner.MountOwnerService, implementation: owner.service }]);
   const workerWatch = owner.watchWorker(WORKER_WATCH_MS);
   // Mounts stay when this process stops: the normal unpublish and unstage path recovers them.
   logLifecycle(logger, async () => {
     clearInterval(workerWatch);
+    await classWatch?.stop();
+    metricsServer?.close();
     await stopServer(server);
     worker.close();
   });
   logger.info("started", { operation: "startup", listen: flags.listen, stateDir: flags["state-dir"], node: flags["node-id"] });
+}
+
+function durationFlag(flags: Record<string, string>, name: string): number {
+  const ms = parseDuration(flags[name]!);
+  if (ms === undefined || ms <= 0) throw new UsageError(`--${name} ${JSON.stringify(flags[name])} must be a positive duration such as 90s or 1m30s`);
+  return ms;
 }
 
 runMain("mount-owner", main);

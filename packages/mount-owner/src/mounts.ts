@@ -10,6 +10,11 @@ export interface MountEntry {
   source: string;
 }
 
+/** The source the kernel shows for a volume's FUSE mount and every bind of it into a pod. */
+export function fuseSource(volumeId: string): string {
+  return `git-csi:${volumeId}`;
+}
+
 /** `\040`-style escapes of /proc/self/mountinfo. */
 function unescapeMountField(field: string): string {
   return field.replace(/\\([0-7]{3})/g, (_, octal: string) => String.fromCharCode(parseInt(octal, 8)));

@@ -1,7 +1,8 @@
 import { randomUUID } from "node:crypto";
 import * as fs from "node:fs/promises";
-import { KeyedSerial } from "@git-csi/config";
+import { KeyedSerial, parseClassParameters } from "@git-csi/config";
 import type { Logger } from "@git-csi/logging";
+import type { OperationMetrics } from "@git-csi/metrics";
 import { status } from "@grpc/grpc-js";
 import {
   alreadyExists,
@@ -15,7 +16,8 @@ import {
   required,
   unary,
 } from "@git-csi/protos";
-import { bindMount, isMountPoint, unmountAll } from "./mounts";
+import { FuseError } from "./fuse/binding";
+import { bindMount, fuseSource, isMountPoint, readMountTable, unmountAll } from "./mounts";
 import { newSession, readSession, removeSession, writeSession } from "./session";
 import type { State, VolumeRecord } from "./state";
 
@@ -31,11 +33,34 @@ export interface MountOwnerDeps {
   endpoints: { mountOwner: string; gitWorker: string };
   worker: gitWorker.GitWorkerClient;
   logger: Logger;
-  /** Serves the volume's work tree through FUSE at the staging path. */
-  mountTree(volumeId: string, treePath: string, stagingPath: string): Promise<StagedMount>;
+  metrics: OperationMetrics;
+  /** Spec 000's lease: 90 s from the record's time, renewed every 20 s. */
+  lease: { durationMs: number; renewMs: number };
+  /**
+   * Serves the volume's work tree through FUSE at the staging path;
+   * checkEpoch runs before every operation and throws to refuse it.
+   */
+  mountTree(volumeId: string, treePath: string, stagingPath: string, checkEpoch: () => void): Promise<StagedMount>;
+}
+
+/** A staged volume's FUSE session, its mount epoch, and the git worker instance that watches its tree. */
+interface LiveSession {
+  stagingPath: string;
+  mount: StagedMount;
+  workerInstance: string;
+  epoch: string;
+  /** Until when the mount may serve without another renewal, by this node's clock. */
+  serveUntil: number;
+  /** Why the epoch no longer holds the volume; once set, the mount never serves again. */
+  lost?: string;
+  renewal: NodeJS.Timeout;
 }
 
 const WORKER_TIMEOUT_MS = 5 * 60_000;
+/** The unstage pushes what the tree holds, but does not wait without end on a worker that hangs. */
+const UNSTAGE_FLUSH_BUDGET_MS = 60_000;
+/** Spec 000: remote release gets five seconds; then the lease runs out by itself. */
+const RELEASE_BUDGET_MS = 5_000;
 /** DeleteVolume does not wait long for a worker that is down: its tree goes when the worker answers. */
 const REMOVE_TIMEOUT_MS = 10_000;
 
@@ -46,16 +71,33 @@ const MODE_NAMES: Record<gitcsi.AccessMode, string> = {
   [gitcsi.AccessMode.UNRECOGNIZED]: "unrecognized",
 };
 
+/** What the Kubernetes watch resolved for a volume: PersistentVolume → claim → VolumeAttributesClass. */
+export interface WatchedVolume {
+  claim?: gitcsi.Claim;
+  volumeClass?: gitcsi.VolumeClass;
+  /** The PersistentVolume is gone; with reclaim policy Delete its tree goes too. */
+  deleted: boolean;
+  reclaimPolicy: string;
+}
+
 export interface MountOwner {
   service: mountOwner.MountOwnerServer;
+  /** The Kubernetes watch's word on a volume: arms, re-arms or unarms it, labels it, or removes a deleted one's tree. */
+  applyWatched(volumeId: string, watched: WatchedVolume): Promise<void>;
+  /**
+   * After the watch listed every PersistentVolume: a Delete volume whose
+   * PersistentVolume went while the node plugin was down loses its tree now.
+   */
+  removeVolumesDeletedWhileDown(existing: Set<string>): Promise<void>;
   /** Hands every staged volume to a git worker that restarted and knows none of them. */
   watchWorker(intervalMs: number): NodeJS.Timeout;
 }
 
 export function createMountOwner(deps: MountOwnerDeps): MountOwner {
   const { state, worker, logger } = deps;
-  /** Each staged volume's FUSE session, and the git worker instance that watches its tree. */
-  const sessions = new Map<string, { stagingPath: string; mount: StagedMount; workerInstance: string }>();
+  const sessions = new Map<string, LiveSession>();
+  /** The Kubernetes watch's view of each volume, which overrides what the node recorded. */
+  const watchedVolumes = new Map<string, WatchedVolume>();
   const perVolume = new KeyedSerial();
 
   const serialized = <Req extends { volumeId: string }, Res>(operation: string, handler: (request: Req, volumeId: string) => Promise<Res>) =>
@@ -76,24 +118,100 @@ export function createMountOwner(deps: MountOwnerDeps): MountOwner {
       if (live.stagingPath !== stagingPath) throw failedPrecondition(`volume ${volumeId} is staged at ${live.stagingPath} already; unstage it there first`);
       return {};
     }
-    const session = previous ?? newSession({ volumeId, node: deps.nodeId, endpoints: deps.endpoints, accessMode: request.accessMode }, existing?.generation ?? 0);
+    const base = { volumeId, node: deps.nodeId, endpoints: deps.endpoints, accessMode: request.accessMode };
+    let session = previous ?? newSession(base, existing?.generation ?? 0);
+    // Written before acquisition: a restart finds the epoch it may have claimed.
     if (!previous) await writeSession(stagingPath, session);
-    const volumeClass = existing?.volumeClass ?? (await provisionedClass(volumeId));
+    const watched = watchedVolumes.get(volumeId);
+    const volumeClass = watched ? watched.volumeClass : (existing?.volumeClass ?? (await provisionedClass(volumeId)));
+    const claim = watched?.claim ?? existing?.claim;
     const credentialExpected = Object.keys(request.credential?.data ?? {}).length > 0;
-    const planned: VolumeRecord = { ...(existing ?? { volumeId, source, accessMode: request.accessMode, targets: [] }), stagingPath, volumeClass, credentialExpected, generation: session.generation };
-    const tree = await prepare(planned, request.credential);
+    const reclaimPolicy = watched?.reclaimPolicy ?? existing?.reclaimPolicy;
+    const planned: VolumeRecord = { ...(existing ?? { volumeId, source, accessMode: request.accessMode, targets: [] }), stagingPath, volumeClass, claim, reclaimPolicy, credentialExpected, generation: session.generation };
+    let tree = await prepare(planned, session.epoch, request.credential);
+    const refusal = tree.lease?.refusal ?? "";
+    if ((refusal === "expired" || refusal === "released") && !session.completed && !(await mountedAnywhere(volumeId))) {
+      // An initial stage that never succeeded, its mount positively absent: a fresh epoch, not the dead one.
+      logger.warn("the pending mount epoch of a stage that never succeeded ran out; staging with a fresh epoch", { volume: volumeId, operation: "claim_mount" });
+      session = newSession(base, session.generation);
+      await writeSession(stagingPath, session);
+      planned.generation = session.generation;
+      tree = await prepare(planned, session.epoch, request.credential);
+    }
+    if (!tree.lease?.held) throw failedPrecondition(tree.lease?.message || `the git worker could not claim volume ${volumeId} for this node`);
     // The record is durable before the mount serves: a restarted mount owner finds every mount it made.
     const record: VolumeRecord = { ...planned, treePath: tree.treePath };
     await state.volumes.put(volumeId, record);
     // A mount a dead mount owner left behind answers ENOTCONN; it goes before the new session.
     await unmountAll(stagingPath);
     await fs.mkdir(stagingPath, { recursive: true });
-    const mount = await deps.mountTree(volumeId, tree.treePath, stagingPath);
-    sessions.set(volumeId, { stagingPath, mount, workerInstance: tree.workerInstance });
+    const epoch = session.epoch;
+    const renewal = setInterval(() => void renew(volumeId, epoch), deps.lease.renewMs);
+    const started: LiveSession = { stagingPath, mount: { unmount: async () => undefined }, workerInstance: tree.workerInstance, epoch, serveUntil: tree.lease.serveUntilUnixMs, renewal };
+    sessions.set(volumeId, started);
+    try {
+      started.mount = await deps.mountTree(volumeId, tree.treePath, stagingPath, () => checkEpoch(volumeId, started));
+    } catch (err) {
+      clearInterval(renewal);
+      sessions.delete(volumeId);
+      throw err;
+    }
     // Durable before the stage reports success.
     if (!session.completed) await writeSession(stagingPath, { ...session, completed: true });
     logger.info("staged", { volume: volumeId, operation: "stage", reused: tree.reused, head: tree.head });
     return {};
+  }
+
+  /** Any mount of the volume the kernel knows, the staging mount and its binds into pods alike. */
+  async function mountsOf(volumeId: string, stagingPath?: string): Promise<string[]> {
+    return (await readMountTable()).filter((m) => m.source === fuseSource(volumeId) || m.mountPoint === stagingPath).map((m) => m.mountPoint);
+  }
+
+  async function mountedAnywhere(volumeId: string): Promise<boolean> {
+    return (await mountsOf(volumeId)).length > 0;
+  }
+
+  /**
+   * The FUSE layer's epoch check: once the lease ran out unrenewed or a
+   * renewal found a successor, every operation fails with EIO, for good.
+   */
+  function checkEpoch(volumeId: string, session: LiveSession): void {
+    if (!session.lost && Date.now() >= session.serveUntil) lose(volumeId, session, "the lease ran out unrenewed");
+    if (session.lost) {
+      deps.metrics.count("stale_epoch_refused");
+      throw new FuseError("EIO");
+    }
+  }
+
+  /** Logged once: the state changes once. */
+  function lose(volumeId: string, session: LiveSession, why: string): void {
+    if (session.lost) return;
+    session.lost = why;
+    clearInterval(session.renewal);
+    logger.error(`the mount epoch no longer holds the volume: ${why}. Every read and write of its mount fails with EIO until the volume is unpublished and unstaged on this node`, {
+      volume: volumeId,
+      operation: "epoch_lost",
+    });
+  }
+
+  /** renew_mount, every renewal interval, through the git worker that holds the credential. */
+  async function renew(volumeId: string, epoch: string): Promise<void> {
+    const session = sessions.get(volumeId);
+    if (!session || session.epoch !== epoch || session.lost) return;
+    if (Date.now() >= session.serveUntil) return lose(volumeId, session, "the lease ran out unrenewed");
+    try {
+      const lease = await call(worker.renewMount.bind(worker), { volumeId, epoch }, deps.lease.renewMs);
+      applyLease(volumeId, session, lease);
+    } catch (err) {
+      // A worker that restarted gets the volume back from watchWorker; a remote that is away may answer the next time.
+      logger.warn(`renew_mount failed; the mount serves until ${new Date(session.serveUntil).toISOString()} unless a renewal succeeds: ${(err as Error).message}`, { volume: volumeId, operation: "renew_mount" });
+    }
+  }
+
+  function applyLease(volumeId: string, session: LiveSession, lease: gitWorker.MountLease | undefined): void {
+    if (!lease || session.lost) return;
+    if (lease.held) session.serveUntil = Number(lease.serveUntilUnixMs);
+    else if (lease.refusal !== "") lose(volumeId, session, lease.message);
   }
 
   async function unstage(request: mountOwner.UnstageVolumeRequest, volumeId: string): Promise<mountOwner.UnstageVolumeResponse> {
@@ -102,19 +220,33 @@ export function createMountOwner(deps: MountOwnerDeps): MountOwner {
     if (record && record.targets.length > 0) {
       throw failedPrecondition(`volume ${volumeId} is still published at ${record.targets.join(", ")}; unpublish it first`);
     }
+    // The persisted epoch serves a mount owner that restarted since the stage.
+    const persisted = await readSession(stagingPath, volumeId).catch(() => undefined);
     const live = sessions.get(volumeId);
+    await live?.mount.unmount();
+    await unmountAll(stagingPath);
+    // The kernel's table, not this process's memory: a mount left from before a restart keeps the ownership too.
+    const remaining = await mountsOf(volumeId, stagingPath);
+    if (remaining.length > 0) throw failedPrecondition(`volume ${volumeId} is still mounted at ${remaining.join(", ")}; its ownership stays until every mount is gone`);
     if (live) {
-      await live.mount.unmount();
+      clearInterval(live.renewal);
       sessions.delete(volumeId);
     }
-    await unmountAll(stagingPath);
     // The pod's unstage pushes before the volume leaves the node; a push that fails keeps its commits in the tree.
-    await flush(volumeId);
-    await call(worker.releaseTree.bind(worker), { volumeId }, WORKER_TIMEOUT_MS);
+    await flush(volumeId, UNSTAGE_FLUSH_BUDGET_MS);
+    await release(volumeId, live?.epoch ?? persisted?.epoch ?? "");
     await removeSession(stagingPath);
     if (record) await state.volumes.put(volumeId, { ...record, stagingPath: undefined });
     logger.info("unstaged", { volume: volumeId, operation: "unstage" });
     return {};
+  }
+
+  /** release_mount with spec 000's budget; local cleanup never waits on a worker or remote that is gone. */
+  async function release(volumeId: string, epoch: string): Promise<void> {
+    const answer = await call(worker.releaseTree.bind(worker), { volumeId, epoch }, RELEASE_BUDGET_MS).catch((err: Error) => ({ released: false, message: err.message }));
+    if (answer.released || epoch === "") return;
+    deps.metrics.count("mount_release_deferred");
+    logger.warn(`the mount epoch was not released on the remote; its lease runs out by itself: ${answer.message}`, { volume: volumeId, operation: "mount_release_deferred" });
   }
 
   async function publish(request: mountOwner.PublishVolumeRequest, volumeId: string): Promise<mountOwner.PublishVolumeResponse> {
@@ -125,6 +257,7 @@ export function createMountOwner(deps: MountOwnerDeps): MountOwner {
     if (!record || !live || live.stagingPath !== stagingPath) {
       throw failedPrecondition(`volume ${volumeId} is not staged at ${stagingPath}; stage it before publishing`);
     }
+    if (live.lost) throw failedPrecondition(`volume ${volumeId}: the mount epoch no longer holds the volume (${live.lost}); unstage it on this node, then stage it again`);
     checkMode(record, request.accessMode);
     const others = record.targets.filter((t) => t !== targetPath);
     if (record.accessMode === gitcsi.AccessMode.READ_WRITE_ONCE_POD && others.length > 0) {
@@ -135,13 +268,15 @@ export function createMountOwner(deps: MountOwnerDeps): MountOwner {
     await call(worker.setCredential.bind(worker), { volumeId, credential: request.credential }, WORKER_TIMEOUT_MS).catch(async (err: CsiError) => {
       // A worker that restarted since the stage knows nothing of the volume yet: hand it over with this Secret.
       if (err.code !== status.NOT_FOUND) throw err;
-      live.workerInstance = (await prepare(record, request.credential)).workerInstance;
+      await handOver(volumeId, live, record, request.credential);
       await call(worker.setCredential.bind(worker), { volumeId, credential: request.credential }, WORKER_TIMEOUT_MS);
     });
     if (record.targets.includes(targetPath) && (await isMountPoint(targetPath))) return {};
     await fs.mkdir(targetPath, { recursive: true });
     await bindMount(stagingPath, targetPath, request.readonly);
-    await state.volumes.put(volumeId, { ...record, targets: [...others, targetPath] });
+    const pods = { ...record.pods, ...(request.pod ? { [targetPath]: request.pod } : {}) };
+    await state.volumes.put(volumeId, { ...record, targets: [...others, targetPath], pods });
+    await tellPods(volumeId, pods);
     logger.info("published", { volume: volumeId, operation: "publish", target: targetPath, pod: request.pod ? `${request.pod.namespace}/${request.pod.name}` : undefined });
     return {};
   }
@@ -153,16 +288,18 @@ export function createMountOwner(deps: MountOwnerDeps): MountOwner {
     const record = await state.volumes.get(volumeId);
     if (record?.targets.includes(targetPath)) {
       const targets = record.targets.filter((t) => t !== targetPath);
-      await state.volumes.put(volumeId, { ...record, targets });
+      const { [targetPath]: _gone, ...pods } = record.pods ?? {};
+      await state.volumes.put(volumeId, { ...record, targets, pods });
+      await tellPods(volumeId, pods);
       // The last pod stopped: push what the tree holds.
-      if (targets.length === 0) await flush(volumeId);
+      if (targets.length === 0) await flush(volumeId, WORKER_TIMEOUT_MS);
     }
     logger.info("unpublished", { volume: volumeId, operation: "unpublish", target: targetPath });
     return {};
   }
 
-  async function flush(volumeId: string): Promise<void> {
-    const result = await call(worker.flushVolume.bind(worker), { volumeId }, WORKER_TIMEOUT_MS).catch((err: Error) => ({ pushed: false, message: err.message }));
+  async function flush(volumeId: string, budgetMs: number): Promise<void> {
+    const result = await call(worker.flushVolume.bind(worker), { volumeId }, budgetMs).catch((err: Error) => ({ pushed: false, message: err.message }));
     logger.log(result.pushed ? "info" : "warn", result.pushed ? "flushed" : `flush did not push: ${result.message}`, { volume: volumeId, operation: "flush" });
   }
 
@@ -173,13 +310,72 @@ export function createMountOwner(deps: MountOwnerDeps): MountOwner {
   }
 
   /** Records the class on the node volume and arms or unarms a staged one at once. */
-  async function setVolumeClass(volumeId: string, volumeClass: gitcsi.VolumeClass | undefined): Promise<void> {
-    if (sessions.has(volumeId)) await call(worker.setClass.bind(worker), { volumeId, class: volumeClass }, WORKER_TIMEOUT_MS);
+  async function setVolumeClass(volumeId: string, volumeClass: gitcsi.VolumeClass | undefined, claim?: gitcsi.Claim): Promise<void> {
+    if (sessions.has(volumeId)) await call(worker.setClass.bind(worker), { volumeId, class: volumeClass, claim }, WORKER_TIMEOUT_MS);
     const record = await state.volumes.get(volumeId);
-    if (record) await state.volumes.put(volumeId, { ...record, volumeClass });
+    if (record) await state.volumes.put(volumeId, { ...record, volumeClass, claim: claim ?? record.claim });
   }
 
-  async function prepare(record: VolumeRecord, credential?: gitcsi.Credential): Promise<gitWorker.PrepareTreeResponse> {
+  /** The worker posts the volume's events on these pods; a failure costs events, never the publish. */
+  async function tellPods(volumeId: string, pods: Record<string, gitcsi.Pod>): Promise<void> {
+    await call(worker.setPods.bind(worker), { volumeId, pods: Object.values(pods) }, WORKER_TIMEOUT_MS).catch((err: Error) =>
+      logger.warn(`the git worker does not know the volume's pods; their events wait for the next publish: ${err.message}`, { volume: volumeId, operation: "set_pods" }),
+    );
+  }
+
+  async function applyWatched(volumeId: string, watched: WatchedVolume): Promise<void> {
+    await perVolume.run(volumeId, async () => {
+      if (watched.deleted) {
+        watchedVolumes.delete(volumeId);
+        if (watched.reclaimPolicy === "Delete") await deleteNodeVolume(volumeId).catch((err: Error) => logger.warn(`the deleted volume's tree stays for now: ${err.message}`, { volume: volumeId, operation: "delete_volume" }));
+        return;
+      }
+      try {
+        // A staged volume's worker judges the class (and posts GitVolumeRefused); an unstaged one is judged here.
+        if (!sessions.has(volumeId) && watched.volumeClass) parseClassParameters(watched.volumeClass.parameters);
+        await setVolumeClass(volumeId, watched.volumeClass, watched.claim);
+        watchedVolumes.set(volumeId, watched);
+      } catch (err) {
+        // A bad class never unarms the volume: the next stage keeps the class it had.
+        const kept = watchedVolumes.get(volumeId)?.volumeClass ?? (await state.volumes.get(volumeId))?.volumeClass;
+        watchedVolumes.set(volumeId, { ...watched, volumeClass: kept });
+        logger.error(`the claim's class is not applied; the volume keeps the policy it had: ${(err as Error).message}`, { volume: volumeId, claim: watched.claim?.name, operation: "set_volume_class" });
+      }
+      const record = await state.volumes.get(volumeId);
+      if (record && record.reclaimPolicy !== watched.reclaimPolicy) await state.volumes.put(volumeId, { ...record, reclaimPolicy: watched.reclaimPolicy });
+    });
+  }
+
+  async function removeVolumesDeletedWhileDown(existing: Set<string>): Promise<void> {
+    for (const volumeId of await state.volumes.keys()) {
+      if (existing.has(volumeId)) continue;
+      const record = await state.volumes.get(volumeId);
+      // Retain trees stay, always; so does a volume this node never learned the policy of.
+      if (record?.reclaimPolicy === "Delete") await applyWatched(volumeId, { deleted: true, reclaimPolicy: "Delete" });
+    }
+  }
+
+  /** A provisioned volume deleted with reclaim policy Delete: this node's tree goes too. The remote never does. */
+  async function deleteNodeVolume(volumeId: string): Promise<void> {
+    const record = await state.volumes.get(volumeId);
+    if (record?.stagingPath !== undefined) throw failedPrecondition(`volume ${volumeId} is staged at ${record.stagingPath}; unstage it before deleting it`);
+    if (record) {
+      // The deletion is durable first: a git worker that does not answer now removes the tree when it does.
+      await state.deletions.put(volumeId, record);
+      await state.volumes.remove(volumeId);
+      await removeDeletedTree(volumeId);
+    }
+    await state.provisioned.remove(volumeId);
+  }
+
+  /** The staged volume to a git worker that restarted: the same epoch continues its lease. */
+  async function handOver(volumeId: string, live: LiveSession, record: VolumeRecord, credential?: gitcsi.Credential): Promise<void> {
+    const tree = await prepare(record, live.epoch, credential);
+    live.workerInstance = tree.workerInstance;
+    applyLease(volumeId, live, tree.lease);
+  }
+
+  async function prepare(record: VolumeRecord, epoch: string, credential?: gitcsi.Credential): Promise<gitWorker.PrepareTreeResponse> {
     return call(
       worker.prepareTree.bind(worker),
       {
@@ -187,9 +383,10 @@ export function createMountOwner(deps: MountOwnerDeps): MountOwner {
         source: record.source,
         credential,
         class: record.volumeClass,
-        claim: undefined,
+        claim: record.claim,
         credentialExpected: record.credentialExpected ?? false,
         published: record.targets.length > 0,
+        mount: { node: deps.nodeId, epoch, accessMode: record.accessMode, leaseMs: deps.lease.durationMs },
       },
       WORKER_TIMEOUT_MS,
     );
@@ -217,7 +414,7 @@ export function createMountOwner(deps: MountOwnerDeps): MountOwner {
             logger.warn("the git worker restarted; handing it the staged volume again", { volume: volumeId, operation: "worker_restart" });
             await perVolume.run(volumeId, async () => {
               const record = await state.volumes.get(volumeId);
-              if (record) session.workerInstance = (await prepare(record)).workerInstance;
+              if (record) await handOver(volumeId, session, record);
             });
           }
         })
@@ -251,17 +448,8 @@ export function createMountOwner(deps: MountOwnerDeps): MountOwner {
         return { volume: wanted };
       });
     }),
-    // A provisioned volume is deleted with reclaim policy Delete: this node's tree goes too. The remote never does.
     deleteVolume: serialized("delete_volume", async (_request: mountOwner.DeleteVolumeRequest, volumeId) => {
-      const record = await state.volumes.get(volumeId);
-      if (record?.stagingPath !== undefined) throw failedPrecondition(`volume ${volumeId} is staged at ${record.stagingPath}; unstage it before deleting it`);
-      if (record) {
-        // The deletion is durable first: a git worker that does not answer now removes the tree when it does.
-        await state.deletions.put(volumeId, record);
-        await state.volumes.remove(volumeId);
-        await removeDeletedTree(volumeId);
-      }
-      await state.provisioned.remove(volumeId);
+      await deleteNodeVolume(volumeId);
       return {};
     }),
     getVolume: serialized("get_volume", async (_request: mountOwner.GetVolumeRequest, volumeId) => {
@@ -280,7 +468,7 @@ export function createMountOwner(deps: MountOwnerDeps): MountOwner {
       return {};
     }),
     setVolumeClass: serialized("set_volume_class", async (request: mountOwner.SetVolumeClassRequest, volumeId) => {
-      await setVolumeClass(volumeId, request.class);
+      await setVolumeClass(volumeId, request.class, request.claim);
       return {};
     }),
     stageVolume: serialized("stage", stage),
@@ -288,7 +476,7 @@ export function createMountOwner(deps: MountOwnerDeps): MountOwner {
     publishVolume: serialized("publish", publish),
     unpublishVolume: serialized("unpublish", unpublish),
   };
-  return { service, watchWorker };
+  return { service, watchWorker, applyWatched, removeVolumesDeletedWhileDown };
 }
 
 function checkMode(record: VolumeRecord, accessMode: gitcsi.AccessMode): void {

@@ -23,6 +23,12 @@ export interface VolumeRecord {
   credentialExpected?: boolean;
   /** The generation of the volume's last mount session on this node (its .rwo-session record). */
   generation?: number;
+  /** The claim bound to the volume, from the Kubernetes watch. */
+  claim?: gitcsi.Claim;
+  /** The PersistentVolume's reclaim policy, from the watch: a Delete volume deleted while the node was down goes when it starts. */
+  reclaimPolicy?: string;
+  /** The pod each publish target serves (podInfoOnMount), whose events the volume posts. */
+  pods?: Record<string, gitcsi.Pod>;
 }
 
 /** Writes a file so that a crash leaves either the old or the new content: temp, fsync, rename, fsync the directory. */

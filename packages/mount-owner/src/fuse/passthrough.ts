@@ -14,8 +14,8 @@ const NAME_MAX = 255;
 
 export interface PassthroughOptions {
   /**
-   * Runs before each operation (release excepted) with its name and mount
-   * path. Throwing refuses the operation with the error's errno (see errnoOf):
+   * Runs before each operation with its name and mount path (for release,
+   * after the handle is closed, so a refusal leaks no descriptor). Throwing refuses the operation with the error's errno (see errnoOf):
    * a FuseError's, else EIO for an error that carries none.
    */
   beforeOperation?: (op: string, path: string) => void;
@@ -94,10 +94,11 @@ export function createPassthrough(root: string, options: PassthroughOptions = {}
     },
 
     // Never refused: the backing descriptor must be closed whatever the epoch.
-    async release(_path, fh) {
+    async release(path, fh) {
       const released = handles.get(fh);
       handles.delete(fh);
       await released?.close();
+      beforeOperation('release', path);
     },
 
     // No flush op: writes land on the backing file at once, so close() has

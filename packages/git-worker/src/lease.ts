@@ -1,0 +1,168 @@
+import type { gitWorker } from "@git-csi/protos";
+import type { SimpleGit } from "simple-git";
+import { type Decision, decideClaim, type Refused, decideRelease, decideRenew, describeRefusal, formatRecord, type Holder, type OwnerRecord, parseRecord, RecordError, serveUntil } from "./ownership";
+import { type Fence, fetchOwner, type PushResult, pushUpdates, RemoteError } from "./remote";
+import { ownerRef, upstreamOwnerRef } from "./store";
+
+/** Runs a git command against the remote with the volume's credential. */
+export type OnRemote = <T>(operation: (repo: SimpleGit) => Promise<T>) => Promise<T>;
+
+/** The epoch no longer owns the volume: nothing it pushes may land. */
+export class LeaseLost extends RemoteError {}
+
+const CAS_ATTEMPTS = 4;
+const RECORD_AUTHOR = { name: "git-csi", email: "git-csi@git.liken.sh" };
+
+/**
+ * One mount session's ownership of a volume, held on the remote's owner ref:
+ * claim_mount, renew_mount and release_mount of spec 000, each a
+ * compare-and-swap, and the fence every push of the volume carries. The
+ * worker keeps the oid it last wrote, so a renewal needs no fetch; steps run
+ * one at a time.
+ */
+export class MountLease {
+  private oid = "";
+  private record?: OwnerRecord;
+  /** Why the epoch lost the volume, for the operator, and the refusal it came from. */
+  private lost?: string;
+  private lostRefusal = "";
+  private chain: Promise<unknown> = Promise.resolve();
+
+  constructor(
+    readonly holder: Holder,
+    /** git in the URL's bare repository with extra environment, for the record commits. */
+    private readonly local: (env?: Record<string, string>) => SimpleGit,
+  ) {}
+
+  claim(remote: OnRemote): Promise<gitWorker.MountLease> {
+    return this.step(async () => this.outcome(await this.update(remote, true, (current, now) => decideClaim(current, this.holder, now))));
+  }
+
+  renew(remote: OnRemote): Promise<gitWorker.MountLease> {
+    return this.step(async () => {
+      if (this.lost) return this.state();
+      return this.outcome(await this.update(remote, this.oid === "", (current, now) => decideRenew(current, this.holder, now)));
+    });
+  }
+
+  /** True when the owner ref no longer names this epoch as holding the volume. */
+  release(remote: OnRemote): Promise<boolean> {
+    return this.step(async () => {
+      const decision = await this.update(remote, this.oid === "", (current, now) => decideRelease(current, this.holder.epoch, now));
+      this.lost ??= "released";
+      return !("refuse" in decision);
+    });
+  }
+
+  /**
+   * Runs a push of the volume together with the owner ref's renewal, in one
+   * atomic push: it lands only while this epoch still holds the volume.
+   * Throws LeaseLost once the epoch expired or was superseded.
+   */
+  fenced(remote: OnRemote, push: (fence: Fence) => Promise<PushResult>): Promise<PushResult> {
+    return this.step(async () => {
+      if (this.lost) throw new LeaseLost(this.lost);
+      const decision = decideRenew(this.record, this.holder, Date.now());
+      if (!("write" in decision)) throw this.lose(decision);
+      const next = await this.commitRecord(decision.write);
+      const result = await push({ ref: ownerRef(this.holder.volumeId), expected: this.oid, next, seen: upstreamOwnerRef(this.holder.volumeId) });
+      if (result.outcome === "pushed") {
+        this.took(next, decision.write);
+      } else if (result.outcome === "rejected") {
+        // The data ref moved, or the owner ref did: only the latter loses the volume.
+        await this.read(remote);
+        const again = decideRenew(this.record, this.holder, Date.now());
+        if (!("write" in again)) throw this.lose(again);
+      }
+      return result;
+    });
+  }
+
+  /** True once a claim reached the owner ref (a restarted worker without its Secret has not). */
+  get claimed(): boolean {
+    return this.record !== undefined || this.lost !== undefined;
+  }
+
+  /** What the mount owner needs: whether to serve, and until when. */
+  state(): gitWorker.MountLease {
+    if (this.lost) return { held: false, serveUntilUnixMs: 0, refusal: this.lostRefusal, message: this.lost };
+    if (!this.record) return { held: false, serveUntilUnixMs: 0, refusal: "", message: "the lease is renewed once a publish brings the volume's credential" };
+    return { held: true, serveUntilUnixMs: serveUntil(this.record, this.holder.leaseMs), refusal: "", message: "" };
+  }
+
+  private lose(decision: Refused): LeaseLost {
+    this.lostRefusal = decision.refuse;
+    this.lost = describeRefusal(decision.refuse, this.holder, decision.record);
+    return new LeaseLost(this.lost);
+  }
+
+  private outcome(decision: Decision): gitWorker.MountLease {
+    if ("refuse" in decision) {
+      // A claim refused because another epoch holds the volume leaves this one free to claim again later.
+      if (decision.refuse === "taken" || decision.refuse === "access_mode") {
+        return { held: false, serveUntilUnixMs: 0, refusal: decision.refuse, message: describeRefusal(decision.refuse, this.holder, decision.record) };
+      }
+      this.lose(decision);
+    }
+    return this.state();
+  }
+
+  /** Decides on the owner ref's record and writes the decision by compare-and-swap, again on a lost race. */
+  private async update(remote: OnRemote, fetchFirst: boolean, decide: (current: OwnerRecord | undefined, now: number) => Decision): Promise<Decision> {
+    for (let attempt = 0; attempt < CAS_ATTEMPTS; attempt++) {
+      if (fetchFirst || attempt > 0) await this.read(remote);
+      const decision = decide(this.record, Date.now());
+      if (!("write" in decision)) return decision;
+      const next = await this.commitRecord(decision.write);
+      const volumeId = this.holder.volumeId;
+      const result = await remote((repo) => pushUpdates(repo, [{ ref: ownerRef(volumeId), expected: this.oid, next, seen: upstreamOwnerRef(volumeId) }]));
+      if (result.outcome === "pushed") {
+        this.took(next, decision.write);
+        return decision;
+      }
+      if (result.outcome === "failed") throw new RemoteError(`the push of ${ownerRef(volumeId)} failed: ${result.message}`);
+    }
+    throw new RemoteError(`${ownerRef(this.holder.volumeId)} kept moving under ${CAS_ATTEMPTS} compare-and-swap attempts`);
+  }
+
+  private async read(remote: OnRemote): Promise<void> {
+    this.oid = await remote((repo) => fetchOwner(repo, this.holder.volumeId));
+    if (this.oid === "") {
+      this.record = undefined;
+      return;
+    }
+    const message = await this.local().raw(["show", "-s", "--format=%B", this.oid]);
+    try {
+      this.record = parseRecord(message);
+    } catch (err) {
+      if (!(err instanceof RecordError)) throw err;
+      throw new RemoteError(`${ownerRef(this.holder.volumeId)} on the remote is not an owner record (${err.message}); if no node mounts the volume, delete that ref`);
+    }
+  }
+
+  private took(oid: string, record: OwnerRecord): void {
+    this.oid = oid;
+    this.record = record;
+  }
+
+  /** A root commit of the empty tree: records replace each other, so the remote keeps no history of renewals. */
+  private async commitRecord(record: OwnerRecord): Promise<string> {
+    const emptyTree = (await this.local().raw(["hash-object", "-t", "tree", "-w", "/dev/null"])).trim();
+    const date = `${Math.floor(record.time / 1000)} +0000`;
+    const git = this.local({
+      GIT_AUTHOR_NAME: RECORD_AUTHOR.name,
+      GIT_AUTHOR_EMAIL: RECORD_AUTHOR.email,
+      GIT_COMMITTER_NAME: RECORD_AUTHOR.name,
+      GIT_COMMITTER_EMAIL: RECORD_AUTHOR.email,
+      GIT_AUTHOR_DATE: date,
+      GIT_COMMITTER_DATE: date,
+    });
+    return (await git.raw(["commit-tree", emptyTree, "-m", formatRecord(record)])).trim();
+  }
+
+  private step<T>(work: () => Promise<T>): Promise<T> {
+    const result = this.chain.then(work, work);
+    this.chain = result.catch(() => undefined);
+    return result;
+  }
+}
