@@ -87,7 +87,7 @@ export class MountLease {
   state(): gitWorker.MountLease {
     if (this.lost) return { held: false, serveUntilUnixMs: 0, refusal: this.lostRefusal, message: this.lost };
     if (!this.record) return { held: false, serveUntilUnixMs: 0, refusal: "", message: "the lease is renewed once a publish brings the volume's credential" };
-    return { held: true, serveUntilUnixMs: serveUntil(this.record, this.holder.leaseMs), refusal: "", message: "" };
+    return { held: true, serveUntilUnixMs: serveUntil(this.record), refusal: "", message: "" };
   }
 
   private lose(decision: Refused): LeaseLost {

@@ -61,12 +61,16 @@ export function decideClaim(current: OwnerRecord | undefined, holder: Holder, no
   return { write: leaseFor(holder, t) };
 }
 
-/** renew_mount: only the epoch the record names, only while its lease lasts. */
+/**
+ * renew_mount: only the epoch the record names, and only while its mount may
+ * still serve: once the mount stopped serving it never serves again, so the
+ * lease must run out for a successor rather than be kept alive.
+ */
 export function decideRenew(current: OwnerRecord | undefined, holder: Holder, now: number): { write: OwnerRecord } | Refused {
   const t = recordTime(current, now);
   if (!current || current.epoch !== holder.epoch) return { refuse: "superseded", record: current };
   if (current.released) return { refuse: "released", record: current };
-  if (t >= current.expires) return { refuse: "expired", record: current };
+  if (now >= serveUntil(current) || t >= current.expires) return { refuse: "expired", record: current };
   return { write: leaseFor(holder, t) };
 }
 
@@ -82,8 +86,8 @@ export function decideRelease(current: OwnerRecord | undefined, epoch: string, n
  * lease, so a node whose clock runs up to that much behind another's stops
  * serving before the other can take the volume over.
  */
-export function serveUntil(record: OwnerRecord, leaseMs: number): number {
-  return record.expires - Math.floor(leaseMs / 10);
+export function serveUntil(record: OwnerRecord): number {
+  return record.expires - Math.floor((record.expires - record.time) / 10);
 }
 
 const RECORD_TITLE = "git-csi owner record";

@@ -37,7 +37,9 @@ test("claim, renew and release follow spec 000", () => {
   assert.ok("write" in released && released.write.released);
   assert.deepEqual(decideRelease(released.write, "eb", held.expires + 2), { keep: released.write });
   assert.equal((decideRenew(released.write, b, held.expires + 2) as { refuse: string }).refuse, "released");
-  assert.equal(serveUntil(held, LEASE_MS), held.expires - LEASE_MS / 10);
+  assert.equal(serveUntil(held), held.expires - LEASE_MS / 10);
+  // Past the serving margin the epoch no longer renews: its mount stopped serving for good.
+  assert.equal((decideRenew(held, a, serveUntil(held)) as { refuse: string }).refuse, "expired");
 });
 
 /**
@@ -93,7 +95,7 @@ function runModel(ops: Op[], maxSkewMs: number, checkServing: boolean): void {
       if (cas(s.version, decision.write)) {
         s.version = register.version;
         s.record = decision.write;
-        s.serveUntil = serveUntil(decision.write, LEASE_MS);
+        s.serveUntil = serveUntil(decision.write);
         return true;
       }
       if (!register.record) {
@@ -117,7 +119,7 @@ function runModel(ops: Op[], maxSkewMs: number, checkServing: boolean): void {
         const version = register.version;
         const decision = decideClaim(register.record, holder, clock(node));
         if ("write" in decision && cas(version, decision.write)) {
-          sessions[node] = { holder, version: register.version, record: decision.write, serveUntil: serveUntil(decision.write, LEASE_MS), lost: false };
+          sessions[node] = { holder, version: register.version, record: decision.write, serveUntil: serveUntil(decision.write), lost: false };
         }
       } else if (op.kind === "renew" && s && !s.lost) {
         if (clock(node) >= s.serveUntil) s.lost = true;
