@@ -79,6 +79,10 @@ test("EventRecorder posts, counts and rate-limits core/v1 Events on a real API s
   assert.equal(pushed[0]!.count, EVENT_BURST);
   assert.ok(pushed[0]!.lastTimestamp >= pushed[0]!.firstTimestamp);
   assert.equal(busy.dropped(), 30 - EVENT_BURST);
+  // The drops are logged once for the dry spell, not once each.
+  assert.equal(warnings.filter((w) => w.includes("events on this object are dropped")).length, 1);
+  assert.match(warnings.find((w) => w.includes("events on this object are dropped"))!, /"kind":"PersistentVolumeClaim".*"name":"config"/);
+  warnings.length = 0;
   // The bucket is per object: the pod still has its burst.
   busy.record(pod, "Normal", Reason.Pushed, "pushed 1 commit to main");
   await busy.flush();

@@ -40,6 +40,8 @@ interface Posted {
 interface Bucket {
   tokens: number;
   at: number;
+  /** A drop was logged since the last event that passed: one log line per dry spell, not per event. */
+  dryLogged?: boolean;
 }
 
 /**
@@ -60,8 +62,21 @@ export class EventRecorder {
   constructor(private readonly options: EventRecorderOptions) {}
 
   record(object: InvolvedObject, type: EventType, reason: ReasonName, message: string): void {
-    if (!this.takeToken(`${object.kind}/${object.namespace}/${object.name}/${object.uid ?? ""}`) || this.queued >= MAX_QUEUED) {
+    const key = `${object.kind}/${object.namespace}/${object.name}/${object.uid ?? ""}`;
+    if (!this.takeToken(key) || this.queued >= MAX_QUEUED) {
       this.droppedCount++;
+      const bucket = this.buckets.get(key);
+      if (bucket && !bucket.dryLogged) {
+        bucket.dryLogged = true;
+        const { burst = EVENT_BURST, refillMs = EVENT_REFILL_MS } = this.options;
+        this.options.logger.warn(`events on this object are dropped: over ${burst} at once and one per ${refillMs / 1000}s, or ${MAX_QUEUED} waiting; the volume's log and report keep every event`, {
+          operation: "event",
+          reason,
+          kind: object.kind,
+          namespace: object.namespace,
+          name: object.name,
+        });
+      }
       return;
     }
     this.queued++;
@@ -86,7 +101,10 @@ export class EventRecorder {
     bucket.tokens = Math.min(burst, bucket.tokens + (now - bucket.at) / refillMs);
     bucket.at = now;
     const allowed = bucket.tokens >= 1;
-    if (allowed) bucket.tokens -= 1;
+    if (allowed) {
+      bucket.tokens -= 1;
+      bucket.dryLogged = false;
+    }
     remember(this.buckets, key, bucket);
     return allowed;
   }
