@@ -104,7 +104,7 @@ describe("the credential", () => {
     });
   });
 
-  test("a publish whose Secret differs from the stage's is refused: GitVolumeRefused, FailedPrecondition, nothing mounted", async () => {
+  test("a publish whose Secret differs from the stage's is refused, and so is the kubelet's retry: GitVolumeRefused, FailedPrecondition, nothing mounted", async () => {
     const repo = `cred-${++n}.git`;
     await ssh.createRepo(repo);
     const created = await createVolume(driver, `cred-${n}`, ssh.url(repo));
@@ -113,9 +113,12 @@ describe("the credential", () => {
       assert.match(err.message, /the publish Secret differs from the stage Secret/);
       return true;
     });
+    // The kubelet retries the publish: refused again, never taken for a rotated Secret.
+    const staged = { volumeId: created.volumeId, context: created.volumeContext, stagingPath: path.join(driver.dir, "staging", created.volumeId), targetPath: path.join(driver.dir, "pods", `cred-${n}`, "volume") };
+    await assert.rejects(publish(driver, staged, sshSecret("second")), /the publish Secret differs from the stage Secret/);
     const r = await report(driver, created.volumeId);
-    assert.equal(r.recentEvents.find((e) => e.reason === "GitVolumeRefused")?.type, "Warning");
-    await assert.rejects(fs.stat(path.join(driver.dir, "pods", `cred-${n}`, "volume")));
+    assert.equal(r.recentEvents.filter((e) => e.reason === "GitVolumeRefused" && e.type === "Warning").length, 2);
+    await assert.rejects(fs.stat(staged.targetPath));
     await call(driver.node.nodeUnstageVolume.bind(driver.node), { volumeId: created.volumeId, stagingTargetPath: path.join(driver.dir, "staging", created.volumeId) }, 60_000);
   });
 
@@ -191,6 +194,39 @@ describe("the credential", () => {
     // The class's next push (here: when the pod stops) sends what the last unstage could not.
     await unpublishAndUnstage(driver, again);
     assert.equal(await remoteFile(ssh, repo, "waiting.txt"), "waiting");
+  });
+
+  test("a git worker restarted without the Secret: the next publish's Secret claims the lease, and the mount serves on from that claim", async () => {
+    // Renewals every half lease: the renewal after the restart fails for want of the Secret, and the
+    // next comes after the mount's serving window; only the claim the publish makes keeps it serving.
+    const lease = { durationMs: 20_000, renewMs: 10_000 };
+    const node = await startDriver({ lease: { duration: `${lease.durationMs / 1000}s`, renewInterval: `${lease.renewMs / 1000}s` } });
+    try {
+      const repo = `cred-${++n}.git`;
+      await ssh.createRepo(repo, { files: { "configuration.yaml": "a: 1\n" } });
+      const created = await createVolume(node, `cred-${n}`, ssh.url(repo));
+      const secret = sshSecret("second");
+      const volume = await stageAndPublish(node, created, undefined, `cred-${n}`, { stage: secret, publish: secret });
+      await setVolumeClass(node, volume.volumeId, QUIET);
+      const ownerRecord = () => ssh.git(repo, "rev-parse", `refs/git-csi/owner/${volume.volumeId}`);
+      const first = await ownerRecord();
+      await waitFor("a renewal", async () => (await ownerRecord()) !== first, lease.durationMs);
+      const renewedAt = Date.now();
+      process.kill(await node.pid("git-worker"), "SIGKILL");
+      const until = (ms: number) => new Promise((resolve) => setTimeout(resolve, Math.max(0, renewedAt + ms - Date.now())));
+      // The renewal after the restart, without the Secret; the next is due after the serving window.
+      await until(lease.renewMs + 1000);
+      // The kubelet's republish brings the Secret while the mount still serves.
+      await publish(node, volume, secret);
+      await until(lease.durationMs);
+      assert.equal(await sh(`cat '${volume.targetPath}/configuration.yaml'`), "a: 1\n", "the mount serves past the window the last renewal gave it");
+      await sh(`echo served > '${volume.targetPath}/served.txt'`);
+      await waitFor("served.txt pushed", () => remoteFile(ssh, repo, "served.txt"));
+      assert.doesNotMatch(volumeLogs(node, volume.volumeId), /"operation":"epoch_lost"/);
+      await unpublishAndUnstage(node, volume);
+    } finally {
+      await node.stop();
+    }
   });
 
   test("no key material on the node's disk, in a log, or in any process's environment", async () => {

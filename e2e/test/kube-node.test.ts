@@ -134,12 +134,40 @@ test("the node services against a real API server: a claim's class arms the volu
   const described = await kube.kubectl(["describe", "pvc", "config", "-n", "home"]);
   assert.match(described, /GitVolumePushed/);
 
+  // The git worker dies while the claim's class changes: the node keeps the new class, the restarted
+  // worker is armed with it, and its events (the stage's too) still reach the pod.
+  const onPod = async (reason: string, message = /./) =>
+    (await events()).filter((e) => e.involvedObject.kind === "Pod" && e.reason === reason && message.test(e.message)).reduce((n, e) => n + (e.count ?? 1), 0);
+  const armedBefore = await onPod("GitVolumeArmed", /config-eager/);
+  // The node recorded the lazy class: the class the worker dies under is the one thing that differs.
+  const nodeRecord = path.join(driver.stateDir, "volumes", `${volume.volumeId}.json`);
+  await waitFor("the lazy class recorded on the node", async () => (await fs.readFile(nodeRecord, "utf8")).includes('"name": "config-lazy"'));
+  const worker = await driver.pid("git-worker");
+  process.kill(worker, "SIGSTOP");
+  await kube.kubectl(["patch", "pvc", "config", "-n", "home", "-p", JSON.stringify({ spec: { volumeAttributesClassName: "config-eager" } })]);
+  // The class reaches the mount owner, whose call to the stopped worker is in flight when the worker dies.
+  await new Promise((resolve) => setTimeout(resolve, 1500));
+  process.kill(worker, "SIGKILL");
+  await waitFor("the restarted worker armed with the class patched while it was down", async () => (await report(driver, volume.volumeId).catch(() => undefined))?.className === "config-eager");
+  await waitFor("GitVolumeArmed on the pod from the restarted worker", async () => (await onPod("GitVolumeArmed", /config-eager/)) > armedBefore);
+  const pushedBefore = await onPod("GitVolumePushed");
+  await sh(`echo 'switch: {}' > '${published.targetPath}/switch.yaml'`);
+  await waitFor("switch.yaml pushed", () => server.git("homeassistant.git", "show", "main:switch.yaml").catch(() => undefined));
+  await waitFor("GitVolumePushed on the pod after the restart", async () => (await onPod("GitVolumePushed")) > pushedBefore);
+  await kube.kubectl(["patch", "pvc", "config", "-n", "home", "-p", JSON.stringify({ spec: { volumeAttributesClassName: "config-lazy" } })]);
+  await waitFor("the lazy class again", async () => (await report(driver, volume.volumeId)).className === "config-lazy");
+  await sh(`echo 'last: {}' > '${published.targetPath}/last.yaml'`);
+
   // The controller knows a static PersistentVolume it holds no record of: ControllerModifyVolume succeeds.
   await call(driver.controller.controllerModifyVolume.bind(driver.controller), { volumeId: volume.volumeId, mutableParameters: LAZY, secrets: {} }, 30_000);
   await assert.rejects(call(driver.controller.controllerModifyVolume.bind(driver.controller), { volumeId: "no-such-volume", mutableParameters: {}, secrets: {} }, 30_000), (err: { code: number }) => err.code === status.NOT_FOUND);
 
   // The pod goes; then the PersistentVolume, with reclaim policy Delete: the node's tree goes too.
+  // The push the pod's stop makes is told on that pod too.
+  const pushedBeforeStop = await onPod("GitVolumePushed");
   await unpublishAndUnstage(driver, published);
+  assert.equal(await server.git("homeassistant.git", "show", "main:last.yaml"), "last: {}");
+  await waitFor("GitVolumePushed on the pod for the push its stop made", async () => (await onPod("GitVolumePushed")) > pushedBeforeStop);
   const tree = path.join(driver.stateDir, "trees", volume.volumeId);
   assert.ok(await fs.stat(tree).then(() => true, () => false), "Retain kept the tree");
   await kube.kubectl(["patch", "pv", "homeassistant-config", "-p", JSON.stringify({ spec: { persistentVolumeReclaimPolicy: "Delete" } })]);

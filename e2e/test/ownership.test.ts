@@ -1,7 +1,8 @@
 import assert from "node:assert/strict";
+import * as fs from "node:fs/promises";
 import { after, before, describe, test } from "node:test";
 import { csi } from "@git-csi/protos";
-import { createVolume, type Driver, freePort, report, setVolumeClass, stageAndPublish, startDriver, unpublishAndUnstage, waitFor } from "../src/driver";
+import { createVolume, type Driver, freePort, metricsText, metricValue, report, setVolumeClass, stageAndPublish, startDriver, unpublishAndUnstage, waitFor } from "../src/driver";
 import { type GitServer, startGitDaemon } from "../src/git-server";
 
 const RWO = csi.VolumeCapability_AccessMode_Mode.SINGLE_NODE_MULTI_WRITER;
@@ -110,5 +111,24 @@ describe("RWO ownership across two nodes (spec 000)", () => {
     const staticVolume = { ...volume, volumeContext: { url: server.url(repo), ref: "main" } };
     await assert.rejects(stageAndPublish(b, staticVolume, csi.VolumeCapability_AccessMode_Mode.SINGLE_NODE_SINGLE_WRITER, "mode-b"), /recorded as ReadWriteOnce on the remote's owner ref/);
     assert.equal((await b.sh("grep -c ' git-csi:rwo-mode' /proc/self/mountinfo || true")).trim(), "0");
+  });
+
+  test("a lease that runs out while nothing is written turns the abnormal gauge, and the report says why", async () => {
+    await server.createRepo("idle.git", { files: { "configuration.yaml": "a: 1\n" } });
+    const volume = await createVolume(a, "rwo-idle", server.url("idle.git"), RWO);
+    const onA = await stageAndPublish(a, volume, RWO, "app-idle");
+    const gauge = async () => metricValue(await metricsText(a), "git_csi_volume_abnormal", volume.volumeId);
+    await waitFor("the abnormal gauge at 0", async () => (await gauge()) === 0);
+    // The remote goes away: every renewal fails, and no write comes that would push.
+    const repoDir = server.repoPath("idle.git");
+    await fs.rename(repoDir, `${repoDir}.away`);
+    try {
+      await waitFor("the abnormal gauge at 1", async () => (await gauge()) === 1, LEASE_MS * 2);
+      assert.ok((await report(a, volume.volumeId)).abnormal.some((r) => /ran out unrenewed/.test(r)));
+      await assert.rejects(a.sh(`cat '${onA.targetPath}/configuration.yaml'`), /Input\/output error/);
+    } finally {
+      await fs.rename(`${repoDir}.away`, repoDir);
+    }
+    await unpublishAndUnstage(a, onA);
   });
 });

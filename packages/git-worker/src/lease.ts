@@ -35,7 +35,11 @@ export class MountLease {
   ) {}
 
   claim(remote: OnRemote): Promise<gitWorker.MountLease> {
-    return this.step(async () => this.outcome(await this.update(remote, true, (current, now) => decideClaim(current, this.holder, now))));
+    return this.step(async () => {
+      // A lost epoch writes no record: another node may be waiting for the volume.
+      if (this.lost) return this.state();
+      return this.outcome(await this.update(remote, true, (current, now) => decideClaim(current, this.holder, now)));
+    });
   }
 
   renew(remote: OnRemote): Promise<gitWorker.MountLease> {
@@ -49,7 +53,10 @@ export class MountLease {
   release(remote: OnRemote): Promise<boolean> {
     return this.step(async () => {
       const decision = await this.update(remote, this.oid === "", (current, now) => decideRelease(current, this.holder.epoch, now));
-      this.lost ??= "released";
+      if (!this.lost) {
+        this.lost = "released";
+        this.lostRefusal = "released";
+      }
       return !("refuse" in decision);
     });
   }
@@ -87,6 +94,8 @@ export class MountLease {
   state(): gitWorker.MountLease {
     if (this.lost) return { held: false, serveUntilUnixMs: 0, refusal: this.lostRefusal, message: this.lost };
     if (!this.record) return { held: false, serveUntilUnixMs: 0, refusal: "", message: "the lease is renewed once a publish brings the volume's credential" };
+    // By this node's clock the mount stopped serving: the report and the abnormal gauge say so before any renewal does.
+    if (Date.now() >= serveUntil(this.record)) return { held: false, serveUntilUnixMs: 0, refusal: "expired", message: describeRefusal("expired", this.holder, this.record) };
     return { held: true, serveUntilUnixMs: serveUntil(this.record), refusal: "", message: "" };
   }
 

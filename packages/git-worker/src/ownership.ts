@@ -27,6 +27,8 @@ export interface Holder {
   epoch: string;
   accessMode: AccessModeName;
   leaseMs: number;
+  /** The epoch may have served already: it may only continue a record that names it. */
+  continues: boolean;
 }
 
 export type Refusal = "expired" | "released" | "taken" | "superseded" | "access_mode";
@@ -51,13 +53,15 @@ export function isActive(record: OwnerRecord | undefined, t: number): record is 
 /**
  * claim_mount: a new epoch takes a volume nobody holds (no record, released,
  * or expired); the same epoch again continues its lease while it is active.
- * An epoch whose lease ran out, or that was released, never comes back.
+ * An epoch whose lease ran out, that was released, or that another epoch
+ * followed never comes back: only a new epoch takes the volume then.
  */
 export function decideClaim(current: OwnerRecord | undefined, holder: Holder, now: number): { write: OwnerRecord } | Refused {
   const t = recordTime(current, now);
   if (current && current.accessMode !== holder.accessMode) return { refuse: "access_mode", record: current };
   if (current?.epoch === holder.epoch) return decideRenew(current, holder, now);
   if (isActive(current, t)) return { refuse: "taken", record: current };
+  if (holder.continues) return { refuse: "superseded", record: current };
   return { write: leaseFor(holder, t) };
 }
 
@@ -135,17 +139,18 @@ export function parseRecord(message: string): OwnerRecord {
 
 /** What an operator reads when the volume's ownership refuses a mount session. */
 export function describeRefusal(refusal: Refusal, holder: Holder, record: OwnerRecord | undefined): string {
-  const owner = record ? `node ${record.node} (epoch ${record.epoch})` : "nobody";
+  // Never the epochs: they are the .rwo-session's contents, which no log shows.
+  const owner = record ? `node ${record.node}` : "nobody";
   const until = record ? new Date(record.expires).toISOString() : "";
   switch (refusal) {
     case "taken":
       return `volume ${holder.volumeId} is held by ${owner} until ${until} unless it renews; an RWO volume has one mount session at a time. Stop the pod on ${record?.node} (unpublish and unstage the volume there), or wait for its lease to run out`;
     case "superseded":
-      return `the mount epoch ${holder.epoch} of volume ${holder.volumeId} was taken over by ${owner}; this node's mount serves nothing more. Delete the pod on ${holder.node} so the volume is unpublished and unstaged here`;
+      return `the mount epoch of volume ${holder.volumeId} on node ${holder.node} was taken over by ${owner}; this node's mount serves nothing more. Delete the pod on ${holder.node} so the volume is unpublished and unstaged here`;
     case "expired":
-      return `the lease of mount epoch ${holder.epoch} of volume ${holder.volumeId} ran out unrenewed at ${until}; an expired epoch never renews. Unpublish and unstage the volume (delete the pod), then stage it again`;
+      return `the lease of the mount epoch of volume ${holder.volumeId} on node ${holder.node} ran out unrenewed at ${until}; an expired epoch never renews. Unpublish and unstage the volume (delete the pod), then stage it again`;
     case "released":
-      return `mount epoch ${holder.epoch} of volume ${holder.volumeId} was released; stage the volume again for a new epoch`;
+      return `the mount epoch of volume ${holder.volumeId} on node ${holder.node} was released; stage the volume again for a new epoch`;
     case "access_mode":
       return `volume ${holder.volumeId} is recorded as ${record?.accessMode} on the remote's owner ref; its access mode cannot change to ${holder.accessMode}`;
   }

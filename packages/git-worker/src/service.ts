@@ -111,8 +111,9 @@ export function gitWorkerService(deps: GitWorkerDeps): gitWorker.GitWorkerServer
     }),
 
     setCredential: unary("set_credential", logger, async (request: gitWorker.SetCredentialRequest) => {
-      await syncOf(required(request.volumeId, "volume_id")).setCredential(request.credential?.data ?? {});
-      return {};
+      const sync = syncOf(required(request.volumeId, "volume_id"));
+      await sync.setCredential(request.credential?.data ?? {});
+      return { lease: sync.mountLease.state() };
     }),
 
     setClass: unary("set_class", logger, async (request: gitWorker.SetClassRequest) => {
@@ -137,7 +138,7 @@ export function gitWorkerService(deps: GitWorkerDeps): gitWorker.GitWorkerServer
     renewMount: unary("renew_mount", logger, async (request: gitWorker.RenewMountRequest) => {
       const sync = syncOf(required(request.volumeId, "volume_id"));
       const epoch = required(request.epoch, "epoch");
-      if (sync.epoch !== epoch) return { held: false, serveUntilUnixMs: 0, refusal: "superseded", message: `this node serves volume ${request.volumeId} with mount epoch ${sync.epoch}, not ${epoch}` };
+      if (sync.epoch !== epoch) return { held: false, serveUntilUnixMs: 0, refusal: "superseded", message: `this node serves volume ${request.volumeId} with a later mount epoch than the one renewing` };
       return sync.renewMount();
     }),
 
@@ -176,5 +177,5 @@ function holderOf(volumeId: string, claim: gitWorker.MountClaim | undefined): Ho
   const accessMode = ACCESS_MODES[mount.accessMode];
   if (!accessMode) throw invalidArgument("mount.access_mode must be ReadWriteOnce or ReadWriteOncePod");
   if (!(mount.leaseMs > 0)) throw invalidArgument("mount.lease_ms must be a positive number of milliseconds");
-  return { volumeId, node: required(mount.node, "mount.node"), epoch: required(mount.epoch, "mount.epoch"), accessMode, leaseMs: Number(mount.leaseMs) };
+  return { volumeId, node: required(mount.node, "mount.node"), epoch: required(mount.epoch, "mount.epoch"), accessMode, leaseMs: Number(mount.leaseMs), continues: mount.continues };
 }

@@ -98,6 +98,13 @@ export class VolumeSync {
   private lease: MountLease;
   private claim: gitcsi.Claim;
   private pods: gitcsi.Pod[] = [];
+  /**
+   * Events from before the first pod, or before the claim, was known (the
+   * stage has neither): posted on them when they are, so the pod's and the
+   * claim's events tell what the stage found.
+   */
+  private readonly unposted: { pods?: gitWorker.VolumeEvent[]; claim?: gitWorker.VolumeEvent[] } = { pods: [], claim: [] };
+  private leaseTimer?: NodeJS.Timeout;
 
   constructor(private readonly ctx: SyncContext) {
     this.access = ctx.access;
@@ -112,10 +119,18 @@ export class VolumeSync {
     this.ctx.metrics.forget(this.labels);
     this.claim = claim;
     this.publishMetrics();
+    if (claim.name) for (const event of this.takeUnposted("claim")) this.postOnClaim(event);
   }
 
   setPods(pods: gitcsi.Pod[]): void {
     this.pods = pods;
+    if (pods.length > 0) for (const event of this.takeUnposted("pods")) this.postOnPods(event);
+  }
+
+  private takeUnposted(on: "pods" | "claim"): gitWorker.VolumeEvent[] {
+    const events = this.unposted[on] ?? [];
+    this.unposted[on] = undefined;
+    return events;
   }
 
   get epoch(): string {
@@ -129,10 +144,24 @@ export class VolumeSync {
   /** A new mount session of the volume on this node took ownership while the worker kept watching. */
   useLease(lease: MountLease): void {
     this.lease = lease;
+    this.watchLease();
   }
 
-  renewMount(): Promise<gitWorker.MountLease> {
-    return this.lease.renew((operation) => this.remote(operation));
+  async renewMount(): Promise<gitWorker.MountLease> {
+    try {
+      return await this.lease.renew((operation) => this.remote(operation));
+    } finally {
+      this.watchLease();
+    }
+  }
+
+  /** The abnormal gauge turns when the lease runs out or is lost, even if nothing else happens to the volume then. */
+  private watchLease(): void {
+    clearTimeout(this.leaseTimer);
+    if (this.stopped) return;
+    this.publishMetrics();
+    const lease = this.lease.state();
+    if (lease.held) this.leaseTimer = setTimeout(() => this.watchLease(), Math.max(0, Number(lease.serveUntilUnixMs) - Date.now()) + 1);
   }
 
   /** A push of the volume with the owner ref's renewal: it lands only while the epoch holds the volume. */
@@ -226,7 +255,7 @@ export class VolumeSync {
     await this.enqueue(() => this.refreshUnpushed());
     this.startQuiesce();
     this.ensureLatencyTimer();
-    this.publishMetrics();
+    this.watchLease();
   }
 
   /**
@@ -236,7 +265,7 @@ export class VolumeSync {
    */
   async stop(releaseEpoch?: string): Promise<boolean> {
     this.stopped = true;
-    for (const timer of [this.quiesceTimer, this.latencyTimer, this.retryTimer]) clearTimeout(timer);
+    for (const timer of [this.quiesceTimer, this.latencyTimer, this.retryTimer, this.leaseTimer]) clearTimeout(timer);
     await this.subscription?.unsubscribe();
     await this.chain;
     const treeDir = this.ctx.store.treeDir(this.ctx.volumeId);
@@ -674,7 +703,11 @@ export class VolumeSync {
    */
   async setCredential(data: Record<string, string>): Promise<void> {
     const offered = fingerprint(data);
-    const firstPublish = !this.published;
+    // Until a publish passes, every publish is the first: the kubelet's retry of a refused one is refused too.
+    if (!this.published && this.ctx.stageFingerprint !== "" && offered !== "" && offered !== this.ctx.stageFingerprint) {
+      this.emit(Reason.Refused, "Warning", "the publish Secret differs from the stage Secret: the driver cannot choose between two credentials for one volume; name one Secret in both nodeStageSecretRef and nodePublishSecretRef");
+      throw failedPrecondition(`volume ${this.ctx.volumeId}: the publish Secret differs from the stage Secret; name one Secret in both nodeStageSecretRef and nodePublishSecretRef`);
+    }
     this.published = true;
     if (offered === "") {
       if (this.ctx.stageFingerprint !== "" || this.ctx.credentialExpected) {
@@ -685,10 +718,6 @@ export class VolumeSync {
         );
       }
       return;
-    }
-    if (firstPublish && this.ctx.stageFingerprint !== "" && offered !== this.ctx.stageFingerprint) {
-      this.emit(Reason.Refused, "Warning", "the publish Secret differs from the stage Secret: the driver cannot choose between two credentials for one volume; name one Secret in both nodeStageSecretRef and nodePublishSecretRef");
-      throw failedPrecondition(`volume ${this.ctx.volumeId}: the publish Secret differs from the stage Secret; name one Secret in both nodeStageSecretRef and nodePublishSecretRef`);
     }
     if (offered === this.publishFingerprint || (this.publishFingerprint === "" && offered === this.ctx.stageFingerprint && this.access.hasCredential)) {
       this.publishFingerprint = offered;
@@ -716,14 +745,23 @@ export class VolumeSync {
   // ---- report, events, metrics ----------------------------------------
 
   private emit(reason: ReasonName, type: EventType, message: string): void {
-    this.events.push({ reason, type, message, timeUnixMs: Date.now() });
-    if (this.events.length > RECENT_EVENTS) this.events.shift();
+    const event = { reason, type, message, timeUnixMs: Date.now() };
+    keepRecent(this.events, event);
     this.ctx.logger.log(type === "Warning" ? "warn" : "info", message, { volume: this.ctx.volumeId, claim: this.labels.claim, operation: "event", reason });
     // Spec 004: the pod's events and the claim's.
-    const sink = this.ctx.events;
-    if (!sink) return;
-    if (this.claim.name) sink.record({ kind: "PersistentVolumeClaim", namespace: this.claim.namespace, name: this.claim.name, uid: this.claim.uid || undefined }, type, reason, message);
-    for (const pod of this.pods) sink.record({ kind: "Pod", namespace: pod.namespace, name: pod.name, uid: pod.uid || undefined }, type, reason, message);
+    if (this.claim.name) this.postOnClaim(event);
+    else if (this.unposted.claim) keepRecent(this.unposted.claim, event);
+    if (this.pods.length > 0) this.postOnPods(event);
+    else if (this.unposted.pods) keepRecent(this.unposted.pods, event);
+  }
+
+  private postOnClaim(event: gitWorker.VolumeEvent): void {
+    const claim = { kind: "PersistentVolumeClaim" as const, namespace: this.claim.namespace, name: this.claim.name, uid: this.claim.uid || undefined };
+    this.ctx.events?.record(claim, event.type as EventType, event.reason as ReasonName, event.message);
+  }
+
+  private postOnPods(event: gitWorker.VolumeEvent): void {
+    for (const pod of this.pods) this.ctx.events?.record({ kind: "Pod", namespace: pod.namespace, name: pod.name, uid: pod.uid || undefined }, event.type as EventType, event.reason as ReasonName, event.message);
   }
 
   private fail(operation: string, err: unknown): void {
@@ -785,4 +823,9 @@ export class VolumeSync {
     if (this.lastPushAt > 0) m.lastPush.set(l, this.lastPushAt / 1000);
     m.pushFailures.inc(l, 0);
   }
+}
+
+function keepRecent(events: gitWorker.VolumeEvent[], event: gitWorker.VolumeEvent): void {
+  events.push(event);
+  if (events.length > RECENT_EVENTS) events.shift();
 }

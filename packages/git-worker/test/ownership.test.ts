@@ -12,7 +12,7 @@ test("an owner record reads back exactly as it was written", () => {
 });
 
 test("claim, renew and release follow spec 000", () => {
-  const a: Holder = { volumeId: "v", node: "a", epoch: "ea", accessMode: "ReadWriteOnce", leaseMs: LEASE_MS };
+  const a: Holder = { volumeId: "v", node: "a", epoch: "ea", accessMode: "ReadWriteOnce", leaseMs: LEASE_MS, continues: false };
   const b: Holder = { ...a, node: "b", epoch: "eb" };
   const claimed = decideClaim(undefined, a, 1000);
   assert.ok("write" in claimed);
@@ -37,6 +37,10 @@ test("claim, renew and release follow spec 000", () => {
   assert.ok("write" in released && released.write.released);
   assert.deepEqual(decideRelease(released.write, "eb", held.expires + 2), { keep: released.write });
   assert.equal((decideRenew(released.write, b, held.expires + 2) as { refuse: string }).refuse, "released");
+  // A restarted worker or mount owner claims the epoch it had again: another epoch followed it, so it never comes back.
+  assert.equal((decideClaim(released.write, { ...a, continues: true }, held.expires + 3) as { refuse: string }).refuse, "superseded");
+  assert.equal((decideClaim(undefined, { ...a, continues: true }, 0) as { refuse: string }).refuse, "superseded");
+  assert.ok("write" in decideClaim(released.write, { ...a, epoch: "ea2" }, held.expires + 3));
   assert.equal(serveUntil(held), held.expires - LEASE_MS / 10);
   // Past the serving margin the epoch no longer renews: its mount stopped serving for good.
   assert.equal((decideRenew(held, a, serveUntil(held)) as { refuse: string }).refuse, "expired");
@@ -48,11 +52,13 @@ test("claim, renew and release follow spec 000", () => {
  * and the git worker do: claim with a new epoch, renew on the record it last
  * wrote, push fenced by the owner ref, serve FUSE operations only while its
  * lease lasts by its own clock, and unstage (release) once it lost the volume.
+ * A restart claims the epoch the node serves again, as the mount owner does
+ * for a git worker that restarted; a lost epoch is never handed over.
  */
 type Op =
   | { kind: "advance"; ms: number }
   | { kind: "skew"; node: number; ms: number }
-  | { kind: "claim" | "renew" | "push" | "write" | "unstage"; node: number };
+  | { kind: "claim" | "restart" | "renew" | "push" | "write" | "unstage"; node: number };
 
 interface Session {
   holder: Holder;
@@ -115,11 +121,23 @@ function runModel(ops: Op[], maxSkewMs: number, checkServing: boolean): void {
       const node = op.node;
       const s = sessions[node];
       if (op.kind === "claim" && !s) {
-        const holder: Holder = { volumeId: "v", node: `n${node}`, epoch: `e${++epochs}`, accessMode: "ReadWriteOnce", leaseMs: LEASE_MS };
+        const holder: Holder = { volumeId: "v", node: `n${node}`, epoch: `e${++epochs}`, accessMode: "ReadWriteOnce", leaseMs: LEASE_MS, continues: false };
         const version = register.version;
         const decision = decideClaim(register.record, holder, clock(node));
         if ("write" in decision && cas(version, decision.write)) {
           sessions[node] = { holder, version: register.version, record: decision.write, serveUntil: serveUntil(decision.write), lost: false };
+        }
+      } else if (op.kind === "restart" && s && !s.lost) {
+        const version = register.version;
+        const decision = decideClaim(register.record, { ...s.holder, continues: true }, clock(node));
+        if (!("write" in decision)) s.lost = true;
+        else {
+          assert.ok(!superseded.has(s.holder.epoch), `superseded epoch ${s.holder.epoch} took the volume back`);
+          if (cas(version, decision.write)) {
+            s.version = register.version;
+            s.record = decision.write;
+            s.serveUntil = serveUntil(decision.write);
+          }
         }
       } else if (op.kind === "renew" && s && !s.lost) {
         if (clock(node) >= s.serveUntil) s.lost = true;
@@ -155,13 +173,13 @@ const opOf = (maxSkewMs: number) =>
   fc.oneof(
     fc.record({ kind: fc.constant("advance" as const), ms: fc.integer({ min: 0, max: LEASE_MS }) }),
     fc.record({ kind: fc.constant("skew" as const), node, ms: fc.integer({ min: -maxSkewMs, max: maxSkewMs }) }),
-    fc.record({ kind: fc.constantFrom("claim" as const, "renew" as const, "push" as const, "write" as const, "unstage" as const), node }),
+    fc.record({ kind: fc.constantFrom("claim" as const, "restart" as const, "renew" as const, "push" as const, "write" as const, "unstage" as const), node }),
   );
 
 test("model: clocks within half the serving margin of each other never give two serving epochs, and no stale epoch's push or write is accepted", () => {
   const maxSkewMs = LEASE_MS / 20;
   fc.assert(
-    fc.property(fc.array(opOf(maxSkewMs), { minLength: 1, maxLength: 200 }), (ops) => runModel(ops, maxSkewMs, true)),
+    fc.property(fc.array(opOf(maxSkewMs), { minLength: 1, maxLength: 200, size: "max" }), (ops) => runModel(ops, maxSkewMs, true)),
     { numRuns: 2000 },
   );
 });
@@ -169,7 +187,7 @@ test("model: clocks within half the serving margin of each other never give two 
 test("model: with clocks far apart a node may serve too long, but the owner ref still never accepts a superseded epoch's push", () => {
   const maxSkewMs = LEASE_MS * 2;
   fc.assert(
-    fc.property(fc.array(opOf(maxSkewMs), { minLength: 1, maxLength: 200 }), (ops) => runModel(ops, maxSkewMs, false)),
+    fc.property(fc.array(opOf(maxSkewMs), { minLength: 1, maxLength: 200, size: "max" }), (ops) => runModel(ops, maxSkewMs, false)),
     { numRuns: 2000 },
   );
 });

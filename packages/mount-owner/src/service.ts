@@ -1,6 +1,6 @@
 import { randomUUID } from "node:crypto";
 import * as fs from "node:fs/promises";
-import { KeyedSerial, parseClassParameters } from "@git-csi/config";
+import { ClassParameterError, KeyedSerial, parseClassParameters } from "@git-csi/config";
 import type { Logger } from "@git-csi/logging";
 import type { OperationMetrics } from "@git-csi/metrics";
 import { status } from "@grpc/grpc-js";
@@ -112,10 +112,13 @@ export function createMountOwner(deps: MountOwnerDeps): MountOwner {
     const existing = await state.volumes.get(volumeId);
     if (existing) checkIdentity(existing, source, request.accessMode);
     // A retry continues the session its record names; a refused record stops the stage before anything happens.
-    const previous = await readSession(stagingPath, volumeId);
+    const previous = await readSession(stagingPath, { volumeId, node: deps.nodeId, accessMode: request.accessMode });
     const live = sessions.get(volumeId);
     if (live) {
       if (live.stagingPath !== stagingPath) throw failedPrecondition(`volume ${volumeId} is staged at ${live.stagingPath} already; unstage it there first`);
+      if (live.lost) throw epochLost(volumeId, live.lost);
+      // A retry after the completed flag failed to write: still durable before success.
+      if (previous && !previous.completed) await writeSession(stagingPath, { ...previous, completed: true });
       return {};
     }
     const base = { volumeId, node: deps.nodeId, endpoints: deps.endpoints, accessMode: request.accessMode };
@@ -128,15 +131,16 @@ export function createMountOwner(deps: MountOwnerDeps): MountOwner {
     const credentialExpected = Object.keys(request.credential?.data ?? {}).length > 0;
     const reclaimPolicy = watched?.reclaimPolicy ?? existing?.reclaimPolicy;
     const planned: VolumeRecord = { ...(existing ?? { volumeId, source, accessMode: request.accessMode, targets: [] }), stagingPath, volumeClass, claim, reclaimPolicy, credentialExpected, generation: session.generation };
-    let tree = await prepare(planned, session.epoch, request.credential);
+    // An epoch whose stage once succeeded may have served: it only continues. A pending one never served.
+    let tree = await prepare(planned, session.epoch, request.credential, session.completed);
     const refusal = tree.lease?.refusal ?? "";
     if ((refusal === "expired" || refusal === "released") && !session.completed && !(await mountedAnywhere(volumeId))) {
       // An initial stage that never succeeded, its mount positively absent: a fresh epoch, not the dead one.
-      logger.warn("the pending mount epoch of a stage that never succeeded ran out; staging with a fresh epoch", { volume: volumeId, operation: "claim_mount" });
+      logger.warn("the pending mount epoch of a stage that never succeeded ran out or was released; staging with a fresh epoch", { volume: volumeId, operation: "claim_mount" });
       session = newSession(base, session.generation);
       await writeSession(stagingPath, session);
       planned.generation = session.generation;
-      tree = await prepare(planned, session.epoch, request.credential);
+      tree = await prepare(planned, session.epoch, request.credential, false);
     }
     if (!tree.lease?.held) throw failedPrecondition(tree.lease?.message || `the git worker could not claim volume ${volumeId} for this node`);
     // The record is durable before the mount serves: a restarted mount owner finds every mount it made.
@@ -221,7 +225,7 @@ export function createMountOwner(deps: MountOwnerDeps): MountOwner {
       throw failedPrecondition(`volume ${volumeId} is still published at ${record.targets.join(", ")}; unpublish it first`);
     }
     // The persisted epoch serves a mount owner that restarted since the stage.
-    const persisted = await readSession(stagingPath, volumeId).catch(() => undefined);
+    const persisted = await readSession(stagingPath, { volumeId, node: deps.nodeId }).catch(() => undefined);
     const live = sessions.get(volumeId);
     await live?.mount.unmount();
     await unmountAll(stagingPath);
@@ -257,7 +261,7 @@ export function createMountOwner(deps: MountOwnerDeps): MountOwner {
     if (!record || !live || live.stagingPath !== stagingPath) {
       throw failedPrecondition(`volume ${volumeId} is not staged at ${stagingPath}; stage it before publishing`);
     }
-    if (live.lost) throw failedPrecondition(`volume ${volumeId}: the mount epoch no longer holds the volume (${live.lost}); unstage it on this node, then stage it again`);
+    if (live.lost) throw epochLost(volumeId, live.lost);
     checkMode(record, request.accessMode);
     const others = record.targets.filter((t) => t !== targetPath);
     if (record.accessMode === gitcsi.AccessMode.READ_WRITE_ONCE_POD && others.length > 0) {
@@ -265,18 +269,25 @@ export function createMountOwner(deps: MountOwnerDeps): MountOwner {
     }
     // The Secret first, on every publish: the kubelet's republish is how a rotated
     // Secret arrives, and a publish the worker refuses mounts nothing.
-    await call(worker.setCredential.bind(worker), { volumeId, credential: request.credential }, WORKER_TIMEOUT_MS).catch(async (err: CsiError) => {
+    const pods = { ...record.pods, ...(request.pod ? { [targetPath]: request.pod } : {}) };
+    // The worker posts this publish's events (a Secret refused or missing) on its pod too.
+    await tellPods(volumeId, pods);
+    const setCredential = () => call(worker.setCredential.bind(worker), { volumeId, credential: request.credential }, WORKER_TIMEOUT_MS);
+    const { lease } = await setCredential().catch(async (err: CsiError) => {
       // A worker that restarted since the stage knows nothing of the volume yet: hand it over with this Secret.
-      if (err.code !== status.NOT_FOUND) throw err;
-      await handOver(volumeId, live, record, request.credential);
-      await call(worker.setCredential.bind(worker), { volumeId, credential: request.credential }, WORKER_TIMEOUT_MS);
+      if (err.code === status.NOT_FOUND) {
+        await handOver(volumeId, live, { ...record, pods }, request.credential);
+        return setCredential();
+      }
+      await tellPods(volumeId, record.pods ?? {});
+      throw err;
     });
+    // A worker that restarted without the Secret claims the lease with it now: the mount serves on from this claim.
+    applyLease(volumeId, live, lease);
     if (record.targets.includes(targetPath) && (await isMountPoint(targetPath))) return {};
     await fs.mkdir(targetPath, { recursive: true });
     await bindMount(stagingPath, targetPath, request.readonly);
-    const pods = { ...record.pods, ...(request.pod ? { [targetPath]: request.pod } : {}) };
     await state.volumes.put(volumeId, { ...record, targets: [...others, targetPath], pods });
-    await tellPods(volumeId, pods);
     logger.info("published", { volume: volumeId, operation: "publish", target: targetPath, pod: request.pod ? `${request.pod.namespace}/${request.pod.name}` : undefined });
     return {};
   }
@@ -290,9 +301,9 @@ export function createMountOwner(deps: MountOwnerDeps): MountOwner {
       const targets = record.targets.filter((t) => t !== targetPath);
       const { [targetPath]: _gone, ...pods } = record.pods ?? {};
       await state.volumes.put(volumeId, { ...record, targets, pods });
-      await tellPods(volumeId, pods);
-      // The last pod stopped: push what the tree holds.
+      // The last pod stopped: push what the tree holds, and tell that pod how it went.
       if (targets.length === 0) await flush(volumeId, WORKER_TIMEOUT_MS);
+      await tellPods(volumeId, pods);
     }
     logger.info("unpublished", { volume: volumeId, operation: "unpublish", target: targetPath });
     return {};
@@ -312,6 +323,10 @@ export function createMountOwner(deps: MountOwnerDeps): MountOwner {
   /** Records the class on the node volume and arms or unarms a staged one at once. */
   async function setVolumeClass(volumeId: string, volumeClass: gitcsi.VolumeClass | undefined, claim?: gitcsi.Claim): Promise<void> {
     if (sessions.has(volumeId)) await call(worker.setClass.bind(worker), { volumeId, class: volumeClass, claim }, WORKER_TIMEOUT_MS);
+    await recordClass(volumeId, volumeClass, claim);
+  }
+
+  async function recordClass(volumeId: string, volumeClass: gitcsi.VolumeClass | undefined, claim?: gitcsi.Claim): Promise<void> {
     const record = await state.volumes.get(volumeId);
     if (record) await state.volumes.put(volumeId, { ...record, volumeClass, claim: claim ?? record.claim });
   }
@@ -336,10 +351,18 @@ export function createMountOwner(deps: MountOwnerDeps): MountOwner {
         await setVolumeClass(volumeId, watched.volumeClass, watched.claim);
         watchedVolumes.set(volumeId, watched);
       } catch (err) {
-        // A bad class never unarms the volume: the next stage keeps the class it had.
-        const kept = watchedVolumes.get(volumeId)?.volumeClass ?? (await state.volumes.get(volumeId))?.volumeClass;
-        watchedVolumes.set(volumeId, { ...watched, volumeClass: kept });
-        logger.error(`the claim's class is not applied; the volume keeps the policy it had: ${(err as Error).message}`, { volume: volumeId, claim: watched.claim?.name, operation: "set_volume_class" });
+        const log = { volume: volumeId, claim: watched.claim?.name, operation: "set_volume_class" };
+        if (!(err instanceof ClassParameterError) && (err as CsiError).code !== status.INVALID_ARGUMENT) {
+          // The worker did not answer, not refused: the node records the class, and the hand-over to a restarted worker or the next stage applies it.
+          await recordClass(volumeId, watched.volumeClass, watched.claim);
+          watchedVolumes.set(volumeId, watched);
+          logger.warn(`the git worker did not take the claim's class now; it applies when the worker answers again or at the next stage: ${(err as Error).message}`, log);
+        } else {
+          // A bad class never unarms the volume: the next stage keeps the class it had.
+          const kept = watchedVolumes.get(volumeId)?.volumeClass ?? (await state.volumes.get(volumeId))?.volumeClass;
+          watchedVolumes.set(volumeId, { ...watched, volumeClass: kept });
+          logger.error(`the claim's class is not applied; the volume keeps the policy it had: ${(err as Error).message}`, log);
+        }
       }
       const record = await state.volumes.get(volumeId);
       if (record && record.reclaimPolicy !== watched.reclaimPolicy) await state.volumes.put(volumeId, { ...record, reclaimPolicy: watched.reclaimPolicy });
@@ -368,14 +391,16 @@ export function createMountOwner(deps: MountOwnerDeps): MountOwner {
     await state.provisioned.remove(volumeId);
   }
 
-  /** The staged volume to a git worker that restarted: the same epoch continues its lease. */
+  /** The staged volume to a git worker that restarted: the same epoch continues its lease, the events reach its pods. */
   async function handOver(volumeId: string, live: LiveSession, record: VolumeRecord, credential?: gitcsi.Credential): Promise<void> {
-    const tree = await prepare(record, live.epoch, credential);
+    const tree = await prepare(record, live.epoch, credential, true);
     live.workerInstance = tree.workerInstance;
     applyLease(volumeId, live, tree.lease);
+    await tellPods(volumeId, record.pods ?? {});
   }
 
-  async function prepare(record: VolumeRecord, epoch: string, credential?: gitcsi.Credential): Promise<gitWorker.PrepareTreeResponse> {
+  /** Hands the worker the volume and claim_mount for the epoch; `continues` when the epoch was minted before this call. */
+  async function prepare(record: VolumeRecord, epoch: string, credential: gitcsi.Credential | undefined, continues: boolean): Promise<gitWorker.PrepareTreeResponse> {
     return call(
       worker.prepareTree.bind(worker),
       {
@@ -386,7 +411,7 @@ export function createMountOwner(deps: MountOwnerDeps): MountOwner {
         claim: record.claim,
         credentialExpected: record.credentialExpected ?? false,
         published: record.targets.length > 0,
-        mount: { node: deps.nodeId, epoch, accessMode: record.accessMode, leaseMs: deps.lease.durationMs },
+        mount: { node: deps.nodeId, epoch, accessMode: record.accessMode, leaseMs: deps.lease.durationMs, continues },
       },
       WORKER_TIMEOUT_MS,
     );
@@ -410,7 +435,8 @@ export function createMountOwner(deps: MountOwnerDeps): MountOwner {
         .then(async ({ instance }) => {
           for (const volumeId of await state.deletions.keys()) await perVolume.run(volumeId, () => removeDeletedTree(volumeId));
           for (const [volumeId, session] of sessions) {
-            if (session.workerInstance === instance) continue;
+            // A lost epoch never serves again: nothing to hand over, and its lease must run out.
+            if (session.workerInstance === instance || session.lost) continue;
             logger.warn("the git worker restarted; handing it the staged volume again", { volume: volumeId, operation: "worker_restart" });
             await perVolume.run(volumeId, async () => {
               const record = await state.volumes.get(volumeId);
@@ -477,6 +503,10 @@ export function createMountOwner(deps: MountOwnerDeps): MountOwner {
     unpublishVolume: serialized("unpublish", unpublish),
   };
   return { service, watchWorker, applyWatched, removeVolumesDeletedWhileDown };
+}
+
+function epochLost(volumeId: string, why: string): CsiError {
+  return failedPrecondition(`volume ${volumeId}: the mount epoch no longer holds the volume (${why}); unstage it on this node, then stage it again`);
 }
 
 function checkMode(record: VolumeRecord, accessMode: gitcsi.AccessMode): void {

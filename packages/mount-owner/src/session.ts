@@ -21,16 +21,24 @@ export interface SessionRecord {
   completed: boolean;
 }
 
+/** Whose session a stage or unstage expects to find; the access mode where the request names one. */
+export interface SessionIdentity {
+  volumeId: string;
+  node: string;
+  accessMode?: gitcsi.AccessMode;
+}
+
 export function sessionPath(stagingPath: string): string {
   return `${stagingPath.replace(/\/+$/, "")}.rwo-session`;
 }
 
 /**
  * The record at a staging path, or undefined where there is none. A symlink, a
- * mode other than 0600, an unreadable record or another volume's is refused:
- * the stage cannot tell whose session it would continue.
+ * mode other than 0600, an unreadable record, or one of another volume, node
+ * or access mode is refused: the stage cannot tell whose session it would continue.
  */
-export async function readSession(stagingPath: string, volumeId: string): Promise<SessionRecord | undefined> {
+export async function readSession(stagingPath: string, identity: SessionIdentity): Promise<SessionRecord | undefined> {
+  const { volumeId } = identity;
   const file = sessionPath(stagingPath);
   const stat = await fs.lstat(file).catch((err: NodeJS.ErrnoException) => {
     if (err.code === "ENOENT") return undefined;
@@ -50,6 +58,8 @@ export async function readSession(stagingPath: string, volumeId: string): Promis
   }
   if (typeof record.epoch !== "string" || typeof record.completed !== "boolean") throw refuse("cannot be read as a session record");
   if (record.volumeId !== volumeId) throw refuse("belongs to another volume");
+  if (record.node !== identity.node) throw refuse(`belongs to node ${record.node}, not ${identity.node}`);
+  if (identity.accessMode !== undefined && record.accessMode !== identity.accessMode) throw refuse("was written for another access mode");
   return record;
 }
 

@@ -1,0 +1,254 @@
+import assert from "node:assert/strict";
+import { execFileSync } from "node:child_process";
+import * as fs from "node:fs/promises";
+import * as os from "node:os";
+import * as path from "node:path";
+import { test, type TestContext } from "node:test";
+import { RemoteAccess } from "../src/access";
+import { CredentialBroker } from "../src/broker";
+import { LeaseLost, MountLease, type OnRemote } from "../src/lease";
+import { formatRecord, type Holder, type OwnerRecord, parseRecord } from "../src/ownership";
+import { type Fence, fetchBranch, pushCommit, type PushResult } from "../src/remote";
+import { prepareTree } from "../src/stage";
+import { ownerRef, Store } from "../src/store";
+
+/**
+ * MountLease against a real remote: a bare repository on local disk, reached
+ * by a file:// URL, and nodes wired as service.ts and sync.ts wire them. These
+ * tests show the remote's side of spec 000's fencing: a push whose owner-ref
+ * lease is stale lands nothing, whatever the node's own view allowed.
+ */
+
+const LEASE_MS = 90_000;
+const VOLUME = "pvc-lease";
+const AUTHOR = { GIT_AUTHOR_NAME: "app", GIT_AUTHOR_EMAIL: "app@localhost", GIT_COMMITTER_NAME: "app", GIT_COMMITTER_EMAIL: "app@localhost" };
+
+interface Remote {
+  dir: string;
+  url: string;
+  git: (...args: string[]) => string;
+  /** The remote's refs under refs/, ref → oid. */
+  refs: () => Map<string, string>;
+  main: () => string;
+  owner: () => string;
+  record: () => OwnerRecord;
+}
+
+async function tempDir(t: TestContext, name: string): Promise<string> {
+  const dir = await fs.mkdtemp(path.join(os.tmpdir(), `lease-test-${name}-`));
+  t.after(() => fs.rm(dir, { recursive: true, force: true }));
+  return dir;
+}
+
+function gitAt(gitDir: string, home: string): (...args: string[]) => string {
+  return (...args) =>
+    execFileSync("git", args, { env: { PATH: process.env.PATH, HOME: home, GIT_DIR: gitDir, ...AUTHOR }, encoding: "utf8", stdio: ["ignore", "pipe", "pipe"] }).trim();
+}
+
+/** A bare repository with one commit on main, as a forge would hold it. */
+async function remoteRepo(t: TestContext): Promise<Remote> {
+  const base = await tempDir(t, "remote");
+  const dir = path.join(base, "remote.git");
+  execFileSync("git", ["init", "--bare", "--quiet", dir], { env: { PATH: process.env.PATH, HOME: base } });
+  const git = gitAt(dir, base);
+  git("symbolic-ref", "HEAD", "refs/heads/main");
+  const blob = execFileSync("git", ["hash-object", "-w", "--stdin"], { env: { PATH: process.env.PATH, HOME: base, GIT_DIR: dir }, input: "hello\n", encoding: "utf8" }).trim();
+  const tree = execFileSync("git", ["mktree"], { env: { PATH: process.env.PATH, HOME: base, GIT_DIR: dir }, input: `100644 blob ${blob}\tREADME\n`, encoding: "utf8" }).trim();
+  git("update-ref", "refs/heads/main", git("commit-tree", tree, "-m", "first"));
+  const refs = () => {
+    const out = new Map<string, string>();
+    for (const line of git("for-each-ref", "--format=%(refname) %(objectname)").split("\n").filter(Boolean)) {
+      const [ref, oid] = line.split(" ");
+      out.set(ref!, oid!);
+    }
+    return out;
+  };
+  const revParse = (ref: string) => {
+    try {
+      return git("rev-parse", "--verify", "--quiet", ref);
+    } catch {
+      return "";
+    }
+  };
+  return {
+    dir,
+    url: `file://${dir}`,
+    git,
+    refs,
+    main: () => revParse("refs/heads/main"),
+    owner: () => revParse(ownerRef(VOLUME)),
+    record: () => parseRecord(git("show", "-s", "--format=%B", ownerRef(VOLUME))),
+  };
+}
+
+/** One node's git worker with the volume staged: its Store, work tree and the remote as sync.ts reaches it. */
+interface Node {
+  store: Store;
+  remote: OnRemote;
+  lease: (holder: Holder) => MountLease;
+  /** Commits a change in the volume's work tree; the new HEAD. */
+  commit: (file: string) => Promise<string>;
+  /** A push of a commit to main, fenced by the lease, as sync.ts pushes. */
+  push: (lease: MountLease, commit: string, capture?: (fence: Fence) => void) => Promise<PushResult>;
+}
+
+async function stagedNode(t: TestContext, name: string, remote: Remote): Promise<Node> {
+  const stateDir = await tempDir(t, name);
+  const store = new Store(stateDir);
+  const source = { url: remote.url, ref: "main" };
+  // No credential: the worker's RemoteAccess runs git with its own clean settings, as for a public remote.
+  const access = await RemoteAccess.open(undefined, store.volumeDir(VOLUME), store.socketDir(), new CredentialBroker(path.join(stateDir, "broker.sock")));
+  t.after(() => access.close());
+  const viaAccess: OnRemote = (operation) => access.run((options) => operation(store.repo(source.url, options)));
+  await prepareTree(store, VOLUME, source, access, false);
+  const tree = store.tree(source.url, VOLUME, AUTHOR);
+  return {
+    store,
+    remote: viaAccess,
+    lease: (holder) => new MountLease(holder, (env = {}) => store.repo(source.url, { config: [], env })),
+    commit: async (file) => {
+      await fs.writeFile(path.join(store.treeDir(VOLUME), file), `${file}\n`);
+      await tree.raw(["add", "--all"]);
+      await tree.raw(["commit", "--quiet", "-m", `add ${file}`]);
+      return (await tree.raw(["rev-parse", "HEAD"])).trim();
+    },
+    push: (lease, commit, capture) =>
+      lease.fenced(viaAccess, (fence) => {
+        capture?.(fence);
+        return viaAccess((repo) => pushCommit(repo, commit, "main", fence));
+      }),
+  };
+}
+
+function holder(node: string, epoch: string, continues = false): Holder {
+  return { volumeId: VOLUME, node, epoch, accessMode: "ReadWriteOnce", leaseMs: LEASE_MS, continues };
+}
+
+/** An owner record commit in a repository, as MountLease writes one. */
+function recordCommit(gitDir: string, record: OwnerRecord): string {
+  const git = gitAt(gitDir, os.tmpdir());
+  return git("commit-tree", git("hash-object", "-t", "tree", "-w", "/dev/null"), "-m", formatRecord(record));
+}
+
+/** A record commit written straight into the remote: another node's claim this node has not seen. */
+function foreignRecord(remote: Remote, record: OwnerRecord): string {
+  return recordCommit(remote.dir, record);
+}
+
+test("the remote refuses a push whose owner-ref lease went stale: nothing of it lands", async (t) => {
+  const remote = await remoteRepo(t);
+  const a = await stagedNode(t, "node-a", remote);
+  const lease = a.lease(holder("node-a", "ea"));
+  const first = remote.main();
+
+  assert.equal((await lease.claim(a.remote)).held, true);
+  assert.equal(remote.record().epoch, "ea");
+
+  // While A holds the volume, its fenced push lands together with the renewal.
+  const c1 = await a.commit("one");
+  assert.deepEqual(await a.push(lease, c1), { outcome: "pushed" });
+  assert.equal(remote.main(), c1);
+  assert.notEqual(remote.main(), first);
+  const renewal = remote.record();
+  assert.equal(renewal.epoch, "ea");
+
+  // Node B's claim lands on the remote; A has not seen it, so its own view still lets it renew.
+  const now = Date.now();
+  const b = foreignRecord(remote, { volumeId: VOLUME, node: "node-b", epoch: "eb", accessMode: "ReadWriteOnce", time: now, expires: now + LEASE_MS, released: false });
+  remote.git("update-ref", ownerRef(VOLUME), b);
+  const before = remote.refs();
+
+  const c2 = await a.commit("two");
+  await assert.rejects(a.push(lease, c2), (err: unknown) => err instanceof LeaseLost && /taken over by node node-b/.test(err.message));
+
+  // Atomic: main did not take A's commit, although main's own lease (c1) still held; the owner ref is B's.
+  assert.equal(remote.main(), c1);
+  assert.equal(remote.owner(), b);
+  assert.deepEqual(remote.refs(), before);
+
+  const state = lease.state();
+  assert.equal(state.held, false);
+  assert.equal(state.refusal, "superseded");
+  // The lost epoch stays lost: nothing more is pushed or claimed.
+  await assert.rejects(a.push(lease, c2), LeaseLost);
+  assert.equal((await lease.claim(a.remote)).held, false);
+  assert.deepEqual(remote.refs(), before);
+});
+
+test("a released epoch pushes nothing: the lease refuses it, and so does the remote for its last fence", async (t) => {
+  const remote = await remoteRepo(t);
+  const a = await stagedNode(t, "node-a", remote);
+  const lease = a.lease(holder("node-a", "ea"));
+  assert.equal((await lease.claim(a.remote)).held, true);
+
+  const fences: Fence[] = [];
+  const c1 = await a.commit("one");
+  assert.deepEqual(await a.push(lease, c1, (fence) => fences.push(fence)), { outcome: "pushed" });
+  const lastFence = fences.at(-1)!;
+  assert.equal(remote.owner(), lastFence.next);
+
+  assert.equal(await lease.release(a.remote), true);
+  const released = remote.record();
+  assert.equal(released.epoch, "ea");
+  assert.equal(released.released, true);
+  const before = remote.refs();
+
+  const c2 = await a.commit("two");
+  await assert.rejects(a.push(lease, c2), (err: unknown) => err instanceof LeaseLost && err.message === "released");
+  assert.equal(lease.state().held, false);
+  assert.deepEqual(remote.refs(), before);
+
+  // The remote's side: a push carrying the fence the epoch last held, renewed from the record it wrote
+  // before the release. The release moved the owner ref, so the atomic push is rejected whole.
+  const now = Date.now();
+  const renewal = recordCommit(a.store.repoDir(remote.url), { volumeId: VOLUME, node: "node-a", epoch: "ea", accessMode: "ReadWriteOnce", time: now, expires: now + LEASE_MS, released: false });
+  const stale: Fence = { ...lastFence, expected: lastFence.next, next: renewal };
+  const result = await a.remote((repo) => pushCommit(repo, c2, "main", stale));
+  assert.equal(result.outcome, "rejected");
+  assert.deepEqual(remote.refs(), before);
+  assert.equal(remote.main(), c1);
+  assert.equal(remote.record().released, true);
+});
+
+test("a restarted worker's epoch continues while the record names it, and is superseded once another epoch took the volume", async (t) => {
+  const remote = await remoteRepo(t);
+  const a = await stagedNode(t, "node-a", remote);
+  const b = await stagedNode(t, "node-b", remote);
+
+  const original = a.lease(holder("node-a", "ea"));
+  assert.equal((await original.claim(a.remote)).held, true);
+
+  // The worker restarted: a new MountLease for the same epoch, which may have served already.
+  const restarted = a.lease(holder("node-a", "ea", true));
+  const continued = await restarted.claim(a.remote);
+  assert.equal(continued.held, true);
+  assert.equal(remote.record().epoch, "ea");
+  const c1 = await a.commit("one");
+  assert.deepEqual(await a.push(restarted, c1), { outcome: "pushed" });
+  assert.equal(remote.main(), c1);
+
+  // The epoch ends; node B's epoch takes the volume, pushes, and releases it.
+  assert.equal(await restarted.release(a.remote), true);
+  const eb = b.lease(holder("node-b", "eb"));
+  assert.equal((await eb.claim(b.remote)).held, true);
+  assert.equal(remote.record().epoch, "eb");
+  await b.remote((repo) => fetchBranch(repo, "main"));
+  await b.store.tree(remote.url, VOLUME, AUTHOR).raw(["reset", "--quiet", "--hard", "refs/git-csi/upstream/heads/main"]);
+  const cb = await b.commit("from-b");
+  assert.deepEqual(await b.push(eb, cb), { outcome: "pushed" });
+  assert.equal(await eb.release(b.remote), true);
+  const recordB = remote.record();
+  assert.equal(recordB.epoch, "eb");
+  assert.equal(recordB.released, true);
+  const before = remote.refs();
+
+  // Worker A restarts again: the volume is free, but this epoch may have served, so it never comes back.
+  const again = a.lease(holder("node-a", "ea", true));
+  const refused = await again.claim(a.remote);
+  assert.equal(refused.held, false);
+  assert.equal(refused.refusal, "superseded");
+  const c2 = await a.commit("two");
+  await assert.rejects(a.push(again, c2), LeaseLost);
+  assert.deepEqual(remote.refs(), before);
+  assert.equal(remote.main(), cb);
+});
