@@ -50,7 +50,7 @@ describe("the credential", () => {
     }
     material.push(http.token);
     // A short lease: one test waits for a lease that a restarted worker could not release to run out.
-    driver = await startDriver({ metricsPort: await freePort(), lease: LEASE });
+    driver = await startDriver({ metricsPort: await freePort(), ownerMetricsPort: await freePort(), lease: LEASE });
   });
 
   after(async () => {
@@ -185,6 +185,7 @@ describe("the credential", () => {
     assert.ok(held.includes("waiting"), "the commit stays in the node's tree");
     // The restarted worker held no credential to release the mount epoch: local cleanup completed, and the lease runs out by itself.
     assert.match(volumeLogs(driver, volume.volumeId), /"operation":"mount_release_deferred"/);
+    assert.match(await (await fetch(`${driver.ownerMetricsUrl}/metrics`)).text(), /^git_csi_operations_total\{operation="mount_release_deferred"\} 1$/m);
     // Step 3 and 4 of the recovery: a new PersistentVolume with both references, staged on the same node,
     // once the old epoch's lease ran out: until then it still excludes every other mount session.
     const secrets = { stage: sshSecret("second"), publish: sshSecret("second") };

@@ -2,7 +2,7 @@ import assert from "node:assert/strict";
 import * as fs from "node:fs/promises";
 import { after, before, describe, test } from "node:test";
 import { csi } from "@git-csi/protos";
-import { createVolume, type Driver, freePort, metricsText, metricValue, report, setVolumeClass, stageAndPublish, startDriver, unpublishAndUnstage, waitFor } from "../src/driver";
+import { createVolume, type Driver, freePort, metricsText, metricValue, report, setVolumeClass, sh, stageAndPublish, startDriver, unpublishAndUnstage, waitFor } from "../src/driver";
 import { type GitServer, startGitDaemon } from "../src/git-server";
 
 const RWO = csi.VolumeCapability_AccessMode_Mode.SINGLE_NODE_MULTI_WRITER;
@@ -77,6 +77,8 @@ describe("RWO ownership across two nodes (spec 000)", () => {
       assert.ok(refused.recentEvents.some((e) => e.reason === "GitVolumePushFailed"));
       const counted = await (await fetch(`${a.ownerMetricsUrl}/metrics`)).text();
       assert.match(counted, /git_csi_operations_total\{operation="stale_epoch_refused"\} [1-9]/);
+      // The mount owner's listener is as clean as the worker's: promtool has nothing to say.
+      assert.equal(await sh(`printf '%s' "$TEXT" | /usr/bin/promtool check metrics 2>&1`, { TEXT: counted }), "");
 
       // The remote holds all of B's commits and none of A's made after the takeover, on any ref.
       assert.equal(await onRemote("b.txt"), "from-b");
