@@ -25,6 +25,7 @@ import { runGit } from "../src/git-server";
 import { type HttpGitServer, startHttpGitServer } from "../src/http-server";
 import { type SshGitServer, startSshGitServer } from "../src/ssh-server";
 
+const sleep = (ms: number) => new Promise((resolve) => setTimeout(resolve, ms));
 const QUIET = { "push.quiesce": "1s", "push.maxLatency": "1h" };
 const LEASE = { duration: "12s", renewInterval: "3s" };
 
@@ -207,20 +208,23 @@ describe("the credential", () => {
       await ssh.createRepo(repo, { files: { "configuration.yaml": "a: 1\n" } });
       const created = await createVolume(node, `cred-${n}`, ssh.url(repo));
       const secret = sshSecret("second");
+      // Unarmed until after the restart: no push renews the owner ref, so a new record is the mount owner's renewal.
       const volume = await stageAndPublish(node, created, undefined, `cred-${n}`, { stage: secret, publish: secret });
-      await setVolumeClass(node, volume.volumeId, QUIET);
       const ownerRecord = () => ssh.git(repo, "rev-parse", `refs/git-csi/owner/${volume.volumeId}`);
       const first = await ownerRecord();
       await waitFor("a renewal", async () => (await ownerRecord()) !== first, lease.durationMs);
       const renewedAt = Date.now();
+      // The renewal's answer reaches the mount owner before the worker dies: a lost answer leaves the mount on the window before.
+      await sleep(1000);
       process.kill(await node.pid("git-worker"), "SIGKILL");
-      const until = (ms: number) => new Promise((resolve) => setTimeout(resolve, Math.max(0, renewedAt + ms - Date.now())));
+      const until = (ms: number) => sleep(Math.max(0, renewedAt + ms - Date.now()));
       // The renewal after the restart, without the Secret; the next is due after the serving window.
       await until(lease.renewMs + 1000);
       // The kubelet's republish brings the Secret while the mount still serves.
       await publish(node, volume, secret);
       await until(lease.durationMs);
       assert.equal(await sh(`cat '${volume.targetPath}/configuration.yaml'`), "a: 1\n", "the mount serves past the window the last renewal gave it");
+      await setVolumeClass(node, volume.volumeId, QUIET);
       await sh(`echo served > '${volume.targetPath}/served.txt'`);
       await waitFor("served.txt pushed", () => remoteFile(ssh, repo, "served.txt"));
       assert.doesNotMatch(volumeLogs(node, volume.volumeId), /"operation":"epoch_lost"/);

@@ -1,7 +1,11 @@
 import assert from "node:assert/strict";
+import * as fs from "node:fs/promises";
+import * as net from "node:net";
+import * as path from "node:path";
 import { test } from "node:test";
 import { Reason } from "@git-csi/config";
 import { EVENT_BURST, EventRecorder, loadKubeConfig, type EventRecorderOptions, type InvolvedObject } from "@git-csi/k8s";
+import { freePort } from "../src/driver";
 import { kubeForTest } from "../src/kube";
 
 interface Event {
@@ -96,8 +100,46 @@ test("EventRecorder posts, counts and rate-limits core/v1 Events on a real API s
   await recorder.flush();
   assert.equal(recorder.dropped(), 1);
   assert.equal(warnings.length, 1);
-  assert.match(warnings[0]!, /posting a Kubernetes event failed .*"namespace":"nowhere".*HTTP 404: namespaces \\"nowhere\\" not found/);
+  assert.match(warnings[0]!, /posting a Kubernetes event failed .*"namespace":"nowhere".*"attempts":1,.*HTTP 404: namespaces \\"nowhere\\" not found/);
   assert.ok(!warnings[0]!.includes(kube.token));
+
+  // An API server that does not answer for a moment (a restart, a leader change): the post is tried again.
+  const port = await freePort();
+  const config = JSON.parse(await fs.readFile(kube.kubeconfig, "utf8")) as { clusters: { cluster: { server: string } }[] };
+  const upstream = new URL(kube.server);
+  config.clusters[0]!.cluster.server = `https://${upstream.hostname}:${port}`;
+  const proxied = path.join(path.dirname(kube.kubeconfig), "proxied.kubeconfig");
+  await fs.writeFile(proxied, JSON.stringify(config), { mode: 0o600 });
+  // The API server answers through a TCP proxy that drops the first connection, as a restarting server does.
+  const sockets = new Set<net.Socket>();
+  let dropped = 0;
+  const proxy = net.createServer((client) => {
+    sockets.add(client);
+    if (dropped === 0) {
+      dropped++;
+      client.destroy();
+      return;
+    }
+    const server = net.connect(Number(upstream.port), upstream.hostname);
+    sockets.add(server);
+    for (const socket of [client, server]) {
+      socket.on("error", () => undefined);
+      socket.on("close", () => [client, server].forEach((s) => s.destroy()));
+    }
+    client.pipe(server).pipe(client);
+  });
+  await new Promise<void>((resolve) => proxy.listen(port, "127.0.0.1", resolve));
+  // The recorder's client keeps its connection alive: the proxy ends it, or its close would wait for it.
+  t.after(() => {
+    for (const socket of sockets) socket.destroy();
+    return new Promise((resolve) => proxy.close(resolve));
+  });
+  const later = new EventRecorder({ kubeConfig: await loadKubeConfig({ kubeconfig: proxied }), nodeId: "node-a", logger, retryDelaysMs: [500, 1000, 2000] });
+  later.record(pod, "Normal", Reason.Healed, "healed: main took the side branch");
+  await later.flush();
+  assert.equal(dropped, 1, "the first try met a dropped connection");
+  assert.equal(later.dropped(), 0, warnings.join("\n"));
+  assert.equal((await events()).filter((e) => e.reason === Reason.Healed && e.involvedObject.name === "homeassistant").length, 1);
 });
 
 function summary(e: Event) {

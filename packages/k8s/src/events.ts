@@ -21,6 +21,8 @@ export interface EventRecorderOptions {
   /** Events an object may get at once, then one per refillMs. */
   burst?: number;
   refillMs?: number;
+  /** Waits before each retry of a post the API server did not answer or answered with 429 or 5xx. */
+  retryDelaysMs?: readonly number[];
 }
 
 export const EVENT_BURST = 25;
@@ -30,6 +32,8 @@ const SAME_EVENT_MS = 10 * 60_000;
 // client-go's bounds: its LRU caches hold 4096 keys, its broadcaster queues 1000 events.
 const REMEMBERED = 4096;
 const MAX_QUEUED = 1000;
+// An API server that restarts (an upgrade, a leader change) is back within seconds.
+const RETRY_DELAYS_MS = [1_000, 2_000, 4_000];
 
 interface Posted {
   name: string;
@@ -47,8 +51,9 @@ interface Bucket {
 /**
  * Posts core/v1 Events as client-go's recorder does: one at a time, an identical event within
  * 10 minutes as a count on the first, and a token bucket per object so a busy volume cannot
- * flood the API server. record() never throws and never waits; an event that is not posted
- * is logged and counted in dropped().
+ * flood the API server. A post the API server does not answer, or answers with 429 or 5xx, is
+ * tried again after 1, 2 and 4 s. record() never throws and never waits; an event that is not
+ * posted is logged and counted in dropped().
  */
 export class EventRecorder {
   private api: Promise<CoreV1Api> | undefined;
@@ -110,44 +115,61 @@ export class EventRecorder {
   }
 
   private async post(object: InvolvedObject, type: EventType, reason: ReasonName, message: string, at: Date): Promise<void> {
-    const key = JSON.stringify([object.kind, object.namespace, object.name, object.uid, type, reason, message]);
-    try {
-      const api = await (this.api ??= clientNode().then((client) => this.options.kubeConfig.makeApiClient(client.CoreV1Api)));
-      const previous = this.posted.get(key);
-      if (previous && at.getTime() - previous.lastAt <= SAME_EVENT_MS && (await this.count(api, object, previous, at))) {
-        remember(this.posted, key, { name: previous.name, count: previous.count + 1, lastAt: at.getTime() });
+    const { retryDelaysMs = RETRY_DELAYS_MS } = this.options;
+    const name = `${object.name}.${this.uniqueHex(at)}`;
+    for (let attempt = 0; ; attempt++) {
+      try {
+        return await this.postOnce(object, type, reason, message, at, name);
+      } catch (err) {
+        // A retry's create that finds its Event: the try before landed, only its answer was lost.
+        if (attempt > 0 && (err as { code?: unknown }).code === 409) return;
+        const delay = retryDelaysMs[attempt];
+        if (delay !== undefined && transient(err)) {
+          await new Promise((resolve) => setTimeout(resolve, delay));
+          continue;
+        }
+        this.droppedCount++;
+        this.options.logger.warn("posting a Kubernetes event failed", {
+          operation: "event",
+          reason,
+          kind: object.kind,
+          namespace: object.namespace,
+          name: object.name,
+          attempts: attempt + 1,
+          error: describeError(err),
+        });
         return;
       }
-      const name = `${object.name}.${this.uniqueHex(at)}`;
-      const { nodeId } = this.options;
-      await api.createNamespacedEvent({
-        namespace: object.namespace,
-        body: {
-          metadata: { name, namespace: object.namespace },
-          involvedObject: { apiVersion: "v1", kind: object.kind, namespace: object.namespace, name: object.name, uid: object.uid },
-          reason,
-          message,
-          type,
-          count: 1,
-          firstTimestamp: at,
-          lastTimestamp: at,
-          source: { component: DRIVER_NAME, host: nodeId },
-          reportingComponent: DRIVER_NAME,
-          reportingInstance: nodeId,
-        },
-      });
-      remember(this.posted, key, { name, count: 1, lastAt: at.getTime() });
-    } catch (err) {
-      this.droppedCount++;
-      this.options.logger.warn("posting a Kubernetes event failed", {
-        operation: "event",
-        reason,
-        kind: object.kind,
-        namespace: object.namespace,
-        name: object.name,
-        error: describeError(err),
-      });
     }
+  }
+
+  /** One try: a count on the same event posted before, else a new Event of the given name. */
+  private async postOnce(object: InvolvedObject, type: EventType, reason: ReasonName, message: string, at: Date, name: string): Promise<void> {
+    const key = JSON.stringify([object.kind, object.namespace, object.name, object.uid, type, reason, message]);
+    const api = await (this.api ??= clientNode().then((client) => this.options.kubeConfig.makeApiClient(client.CoreV1Api)));
+    const previous = this.posted.get(key);
+    if (previous && at.getTime() - previous.lastAt <= SAME_EVENT_MS && (await this.count(api, object, previous, at))) {
+      remember(this.posted, key, { name: previous.name, count: previous.count + 1, lastAt: at.getTime() });
+      return;
+    }
+    const { nodeId } = this.options;
+    await api.createNamespacedEvent({
+      namespace: object.namespace,
+      body: {
+        metadata: { name, namespace: object.namespace },
+        involvedObject: { apiVersion: "v1", kind: object.kind, namespace: object.namespace, name: object.name, uid: object.uid },
+        reason,
+        message,
+        type,
+        count: 1,
+        firstTimestamp: at,
+        lastTimestamp: at,
+        source: { component: DRIVER_NAME, host: nodeId },
+        reportingComponent: DRIVER_NAME,
+        reportingInstance: nodeId,
+      },
+    });
+    remember(this.posted, key, { name, count: 1, lastAt: at.getTime() });
   }
 
   /** Adds one to the Event posted before; false when that Event is gone (expired or deleted). */
@@ -179,4 +201,10 @@ function remember<V>(map: Map<string, V>, key: string, value: V): void {
   map.delete(key);
   map.set(key, value);
   if (map.size > REMEMBERED) map.delete(map.keys().next().value!);
+}
+
+/** No answer, too many requests, or a server error: worth another try. A refusal (4xx) is final. */
+function transient(err: unknown): boolean {
+  const code = typeof err === "object" && err !== null && "code" in err ? (err as { code: unknown }).code : undefined;
+  return typeof code !== "number" || code === 429 || code >= 500;
 }

@@ -273,17 +273,21 @@ export function createMountOwner(deps: MountOwnerDeps): MountOwner {
     // The worker posts this publish's events (a Secret refused or missing) on its pod too.
     await tellPods(volumeId, pods);
     const setCredential = () => call(worker.setCredential.bind(worker), { volumeId, credential: request.credential }, WORKER_TIMEOUT_MS);
-    const { lease } = await setCredential().catch(async (err: CsiError) => {
-      // A worker that restarted since the stage knows nothing of the volume yet: hand it over with this Secret.
-      if (err.code === status.NOT_FOUND) {
+    const { lease } = await setCredential()
+      .catch(async (err: CsiError) => {
+        // A worker that restarted since the stage knows nothing of the volume yet: hand it over with this Secret.
+        if (err.code !== status.NOT_FOUND) throw err;
         await handOver(volumeId, live, { ...record, pods }, request.credential);
         return setCredential();
-      }
-      await tellPods(volumeId, record.pods ?? {});
-      throw err;
-    });
+      })
+      .catch(async (err: unknown) => {
+        // A refused publish leaves the pods as they were: the pod gets this publish's events, not the volume's next ones.
+        await tellPods(volumeId, record.pods ?? {});
+        throw err;
+      });
     // A worker that restarted without the Secret claims the lease with it now: the mount serves on from this claim.
     applyLease(volumeId, live, lease);
+    if (live.lost) throw epochLost(volumeId, live.lost);
     if (record.targets.includes(targetPath) && (await isMountPoint(targetPath))) return {};
     await fs.mkdir(targetPath, { recursive: true });
     await bindMount(stagingPath, targetPath, request.readonly);
@@ -399,7 +403,7 @@ export function createMountOwner(deps: MountOwnerDeps): MountOwner {
     await tellPods(volumeId, record.pods ?? {});
   }
 
-  /** Hands the worker the volume and claim_mount for the epoch; `continues` when the epoch was minted before this call. */
+  /** Hands the worker the volume and claim_mount for the epoch; `continues` when the epoch may have served already. */
   async function prepare(record: VolumeRecord, epoch: string, credential: gitcsi.Credential | undefined, continues: boolean): Promise<gitWorker.PrepareTreeResponse> {
     return call(
       worker.prepareTree.bind(worker),
