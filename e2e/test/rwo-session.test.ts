@@ -201,6 +201,14 @@ describe("the .rwo-session record and the mount epoch: retries, expiry, cleanup,
   /** A static volume's context: no recorded access mode, so only the node and the remote judge the mode. */
   const contextOf = (repo: string) => ({ url: server.url(repo), ref: "main" });
   const stagingOf = (volumeId: string) => path.join(driver.dir, "staging", volumeId);
+
+  /** A repository with one file, and the staging directory the kubelet makes before a stage. */
+  async function freshVolume(repo: string, volumeId: string): Promise<string> {
+    await server.createRepo(repo, { files: { "a.txt": "A\n" } });
+    const stagingPath = stagingOf(volumeId);
+    await fs.mkdir(stagingPath, { recursive: true });
+    return stagingPath;
+  }
   const targetOf = (volumeId: string) => path.join(driver.dir, "pods", volumeId, "volume");
   const treeOf = (volumeId: string) => path.join(driver.stateDir, "trees", volumeId);
 
@@ -278,9 +286,7 @@ describe("the .rwo-session record and the mount epoch: retries, expiry, cleanup,
   test("a stage that failed after its .rwo-session was written is retried with the stored epoch, before and after its claim landed", { timeout: 90_000 }, async () => {
     const repo = "retry.git";
     const volumeId = "rwo-retry";
-    await server.createRepo(repo, { files: { "a.txt": "A\n" } });
-    const stagingPath = stagingOf(volumeId);
-    await fs.mkdir(stagingPath, { recursive: true });
+    const stagingPath = await freshVolume(repo, volumeId);
 
     // The remote's repository is away: the stage fails before any claim, after the record was written.
     const away = `${server.repoPath(repo)}.away`;
@@ -361,8 +367,7 @@ describe("the .rwo-session record and the mount epoch: retries, expiry, cleanup,
   test("a stage that once succeeded and lost its epoch to the clock is refused on retry until a normal unpublish and unstage; then a stage gets a new epoch", { timeout: 90_000 }, async () => {
     const repo = "expired.git";
     const volumeId = "rwo-expired";
-    await server.createRepo(repo, { files: { "a.txt": "A\n" } });
-    await fs.mkdir(stagingOf(volumeId), { recursive: true });
+    await freshVolume(repo, volumeId);
     await stage(volumeId, repo);
     const target = await publish(volumeId, repo);
     const staged = await session(volumeId);
@@ -407,9 +412,7 @@ describe("the .rwo-session record and the mount epoch: retries, expiry, cleanup,
   test("after a mount-owner restart, a completed stage whose lease ran out is refused even with its mount gone: no fresh epoch until unstage", { timeout: 90_000 }, async () => {
     const repo = "completed.git";
     const volumeId = "rwo-completed";
-    await server.createRepo(repo, { files: { "a.txt": "A\n" } });
-    const stagingPath = stagingOf(volumeId);
-    await fs.mkdir(stagingPath, { recursive: true });
+    const stagingPath = await freshVolume(repo, volumeId);
     await stage(volumeId, repo);
     const staged = await session(volumeId);
     assert.equal(staged.completed, true);
@@ -443,9 +446,7 @@ describe("the .rwo-session record and the mount epoch: retries, expiry, cleanup,
   test("the access mode is bound into the node's volume record: a volume staged ReadWriteOncePod is refused as ReadWriteOnce before service, even when the remote has no owner record", { timeout: 60_000 }, async () => {
     const repo = "mode.git";
     const volumeId = "rwo-mode-bound";
-    await server.createRepo(repo, { files: { "a.txt": "A\n" } });
-    const stagingPath = stagingOf(volumeId);
-    await fs.mkdir(stagingPath, { recursive: true });
+    const stagingPath = await freshVolume(repo, volumeId);
     await stage(volumeId, repo, RWOP);
     await unstage(volumeId);
     assert.equal((await ownerRecord(repo, volumeId))?.["access-mode"], "ReadWriteOncePod");
@@ -476,9 +477,7 @@ describe("the .rwo-session record and the mount epoch: retries, expiry, cleanup,
   test("unstage refuses while published and while any kernel mount of the volume remains, keeping ownership; once all are gone it releases", { timeout: 60_000 }, async () => {
     const repo = "unstage.git";
     const volumeId = "rwo-unstage";
-    await server.createRepo(repo, { files: { "a.txt": "A\n" } });
-    const stagingPath = stagingOf(volumeId);
-    await fs.mkdir(stagingPath, { recursive: true });
+    const stagingPath = await freshVolume(repo, volumeId);
     await stage(volumeId, repo);
     const target = await publish(volumeId, repo);
     const staged = await session(volumeId);
@@ -551,8 +550,7 @@ describe("the .rwo-session record and the mount epoch: retries, expiry, cleanup,
   test("once the lease ran out unrenewed, every operation fails with EIO, on descriptors opened before the loss too", { timeout: 90_000 }, async () => {
     const repo = "eio-clock.git";
     const volumeId = "rwo-eio-clock";
-    await server.createRepo(repo, { files: { "a.txt": "A\n" } });
-    await fs.mkdir(stagingOf(volumeId), { recursive: true });
+    await freshVolume(repo, volumeId);
     await stage(volumeId, repo);
     const target = await publish(volumeId, repo);
     const unchanged = await prepareFiles(target, volumeId);
@@ -581,8 +579,7 @@ describe("the .rwo-session record and the mount epoch: retries, expiry, cleanup,
     const repo = "eio-successor.git";
     const volumeId = "rwo-eio-successor";
     const ref = `refs/git-csi/owner/${volumeId}`;
-    await server.createRepo(repo, { files: { "a.txt": "A\n" } });
-    await fs.mkdir(stagingOf(volumeId), { recursive: true });
+    await freshVolume(repo, volumeId);
     await stage(volumeId, repo);
     const target = await publish(volumeId, repo);
     const staged = await session(volumeId);

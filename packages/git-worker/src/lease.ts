@@ -94,9 +94,10 @@ export class MountLease {
   state(): gitWorker.MountLease {
     if (this.lost) return { held: false, serveUntilUnixMs: 0, refusal: this.lostRefusal, message: this.lost };
     if (!this.record) return { held: false, serveUntilUnixMs: 0, refusal: "", message: "the lease is renewed once a publish brings the volume's credential" };
+    const until = serveUntil(this.record);
     // By this node's clock the mount stopped serving: the report and the abnormal gauge say so before any renewal does.
-    if (Date.now() >= serveUntil(this.record)) return { held: false, serveUntilUnixMs: 0, refusal: "expired", message: describeRefusal("expired", this.holder, this.record) };
-    return { held: true, serveUntilUnixMs: serveUntil(this.record), refusal: "", message: "" };
+    if (Date.now() >= until) return { held: false, serveUntilUnixMs: 0, refusal: "expired", message: describeRefusal("expired", this.holder, this.record) };
+    return { held: true, serveUntilUnixMs: until, refusal: "", message: "" };
   }
 
   private lose(decision: Refused): LeaseLost {

@@ -122,7 +122,7 @@ export class EventRecorder {
         return await this.postOnce(object, type, reason, message, at, name);
       } catch (err) {
         // A retry's create that finds its Event: the try before landed, only its answer was lost.
-        if (attempt > 0 && (err as { code?: unknown }).code === 409) return;
+        if (attempt > 0 && httpStatus(err) === 409) return;
         const delay = retryDelaysMs[attempt];
         if (delay !== undefined && transient(err)) {
           await new Promise((resolve) => setTimeout(resolve, delay));
@@ -184,7 +184,7 @@ export class EventRecorder {
         ],
       });
     } catch (err) {
-      if ((err as { code?: unknown }).code === 404) return false;
+      if (httpStatus(err) === 404) return false;
       throw err;
     }
     return true;
@@ -203,8 +203,14 @@ function remember<V>(map: Map<string, V>, key: string, value: V): void {
   if (map.size > REMEMBERED) map.delete(map.keys().next().value!);
 }
 
+/** The API server's HTTP status; undefined when it did not answer. */
+function httpStatus(err: unknown): number | undefined {
+  const code = typeof err === "object" && err !== null && "code" in err ? (err as { code: unknown }).code : undefined;
+  return typeof code === "number" ? code : undefined;
+}
+
 /** No answer, too many requests, or a server error: worth another try. A refusal (4xx) is final. */
 function transient(err: unknown): boolean {
-  const code = typeof err === "object" && err !== null && "code" in err ? (err as { code: unknown }).code : undefined;
-  return typeof code !== "number" || code === 429 || code >= 500;
+  const code = httpStatus(err);
+  return code === undefined || code === 429 || code >= 500;
 }

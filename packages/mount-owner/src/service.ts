@@ -273,21 +273,23 @@ export function createMountOwner(deps: MountOwnerDeps): MountOwner {
     // The worker posts this publish's events (a Secret refused or missing) on its pod too.
     await tellPods(volumeId, pods);
     const setCredential = () => call(worker.setCredential.bind(worker), { volumeId, credential: request.credential }, WORKER_TIMEOUT_MS);
-    const { lease } = await setCredential()
+    await setCredential()
       .catch(async (err: CsiError) => {
         // A worker that restarted since the stage knows nothing of the volume yet: hand it over with this Secret.
         if (err.code !== status.NOT_FOUND) throw err;
         await handOver(volumeId, live, { ...record, pods }, request.credential);
         return setCredential();
       })
+      .then(({ lease }) => {
+        // A worker that restarted without the Secret claims the lease with it now: the mount serves on from this claim.
+        applyLease(volumeId, live, lease);
+        if (live.lost) throw epochLost(volumeId, live.lost);
+      })
       .catch(async (err: unknown) => {
         // A refused publish leaves the pods as they were: the pod gets this publish's events, not the volume's next ones.
         await tellPods(volumeId, record.pods ?? {});
         throw err;
       });
-    // A worker that restarted without the Secret claims the lease with it now: the mount serves on from this claim.
-    applyLease(volumeId, live, lease);
-    if (live.lost) throw epochLost(volumeId, live.lost);
     if (record.targets.includes(targetPath) && (await isMountPoint(targetPath))) return {};
     await fs.mkdir(targetPath, { recursive: true });
     await bindMount(stagingPath, targetPath, request.readonly);
