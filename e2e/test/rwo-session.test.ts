@@ -133,7 +133,9 @@ for line in sys.stdin:
         "open for reading": attempt(lambda: close_after(os.open(p("e.txt"), os.O_RDONLY))),
         "create": attempt(lambda: close_after(os.open(p("new.txt"), os.O_WRONLY | os.O_CREAT, 0o644))),
         "readdir": attempt(lambda: os.listdir(root)),
-        "stat": attempt(lambda: os.stat(p("e.txt"))),
+        # The kernel answers stat from its attribute cache for up to libfuse 2's attr_timeout (1 s),
+        # as it serves cached pages: past that, stat reaches the driver and its epoch check.
+        "stat, once the attribute cache lapsed": attempt(lambda: (time.sleep(1.1), os.stat(p("e.txt")))),
     }
     print(json.dumps({"lostAt": lost_at, "results": results}), flush=True)
 `;
