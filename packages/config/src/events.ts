@@ -15,6 +15,8 @@ export const Reason = {
   Refused: "GitVolumeRefused",
   // Beyond spec 004's list: an ssh Secret without known_hosts, so the server's key is trusted on first sight.
   HostKeyUnverified: "GitVolumeHostKeyUnverified",
+  // Beyond spec 004's list: written paths no commit could take (a full disk, a broken object store).
+  CommitFailed: "GitVolumeCommitFailed",
 } as const;
 
 export type ReasonName = (typeof Reason)[keyof typeof Reason];

@@ -4,3 +4,4 @@ export * from "./flags";
 export * from "./serial";
 export * from "./ref";
 export * from "./events";
+export * from "./absent";

@@ -2,6 +2,7 @@ import { type ChildProcess, spawn } from "node:child_process";
 import { randomBytes } from "node:crypto";
 import * as fs from "node:fs/promises";
 import * as path from "node:path";
+import { orAbsent } from "@git-csi/config";
 import type { CredentialBroker } from "./broker";
 import type { GitCredential } from "./credential";
 
@@ -86,7 +87,8 @@ export async function endOrphanedAgents(socketDir: string): Promise<number> {
   let ended = 0;
   for (const pid of await fs.readdir("/proc")) {
     if (!/^\d+$/.test(pid)) continue;
-    const cmdline = await fs.readFile(`/proc/${pid}/cmdline`, "latin1").catch(() => "");
+    // A process that exited since the listing is no agent.
+    const cmdline = (await orAbsent(fs.readFile(`/proc/${pid}/cmdline`, "latin1"))) ?? "";
     if (!cmdline.startsWith("ssh-agent\0") || !cmdline.includes(marker)) continue;
     try {
       process.kill(Number(pid), "SIGTERM");

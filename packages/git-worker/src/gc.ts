@@ -1,6 +1,6 @@
 import * as fs from "node:fs/promises";
 import * as path from "node:path";
-import { sideBranchOf } from "@git-csi/config";
+import { orAbsent, sideBranchOf } from "@git-csi/config";
 import type { Logger } from "@git-csi/logging";
 import type { gitcsi, gitWorker } from "@git-csi/protos";
 import { volumeBranchRef } from "./stage";
@@ -15,10 +15,11 @@ export async function rememberSource(store: Store, volumeId: string, source: git
 
 /** The volumes whose tree the node keeps, or is making: a stage records the source before it clones. */
 async function keptTrees(store: Store): Promise<Array<{ volumeId: string; source: gitcsi.VolumeSource }>> {
-  const trees = await fs.readdir(path.join(store.stateDir, "sync")).catch(() => [] as string[]);
+  const trees = (await orAbsent(fs.readdir(path.join(store.stateDir, "sync")))) ?? [];
   const out = [];
   for (const volumeId of trees) {
-    const source = await fs.readFile(path.join(store.volumeDir(volumeId), "source.json"), "utf8").then((t) => JSON.parse(t) as gitcsi.VolumeSource, () => undefined);
+    // A record that cannot be read stops the collection: its repository may be one a tree still needs.
+    const source = await orAbsent(fs.readFile(path.join(store.volumeDir(volumeId), "source.json"), "utf8").then((t) => JSON.parse(t) as gitcsi.VolumeSource));
     if (source) out.push({ volumeId, source });
   }
   return out;
@@ -62,7 +63,7 @@ export async function removeTree(store: Store, volumeId: string, source: gitcsi.
  */
 export async function collectGarbage(store: Store, logger: Logger, onRepository: <T>(repoDir: string, work: () => Promise<T>) => Promise<T>): Promise<void> {
   const reposDir = path.join(store.stateDir, "repos");
-  for (const name of await fs.readdir(reposDir).catch(() => [] as string[])) {
+  for (const name of (await orAbsent(fs.readdir(reposDir))) ?? []) {
     const repoDir = path.join(reposDir, name);
     // Under the repository's lock: a stage of a new volume of this URL must not find its repository gone.
     await onRepository(repoDir, async () => {

@@ -3,7 +3,7 @@ import { constants as fsConstants, type Stats } from "node:fs";
 import * as fs from "node:fs/promises";
 import * as path from "node:path";
 import { simpleGit, type SimpleGit } from "simple-git";
-import { METADATA_REF } from "@git-csi/config";
+import { isAbsent, METADATA_REF, orAbsent } from "@git-csi/config";
 
 /**
  * Spec 004: "The driver records modes, owners, and empty directories on a ref
@@ -375,7 +375,7 @@ class TreeView {
     if (badName(baseName(rel))) return null;
     const parent = await this.stat(parentOf(rel));
     if (!parent?.isDirectory()) return null;
-    return fs.lstat(this.abs(rel)).catch(() => null);
+    return (await orAbsent(fs.lstat(this.abs(rel)))) ?? null;
   }
 
   async isDir(rel: string): Promise<boolean> {
@@ -392,7 +392,7 @@ class TreeView {
     }
     const out: MetadataEntry[] = [];
     for (let i = 0; i < names.length; i += FS_BATCH) {
-      const stats = await Promise.all(names.slice(i, i + FS_BATCH).map((n) => fs.lstat(path.join(this.abs(rel), n)).catch(() => null)));
+      const stats = await Promise.all(names.slice(i, i + FS_BATCH).map(async (n) => (await orAbsent(fs.lstat(path.join(this.abs(rel), n)))) ?? null));
       stats.forEach((st, j) => {
         const name = names[i + j]!;
         if (!st) return;
@@ -412,8 +412,7 @@ class TreeView {
 
 /** A directory that vanished between lstat and readdir has no listing; any other error is the caller's. */
 function vanished(err: unknown): null {
-  const code = (err as NodeJS.ErrnoException | undefined)?.code;
-  if (code === "ENOENT" || code === "ENOTDIR") return null;
+  if (isAbsent(err)) return null;
   throw err;
 }
 
@@ -760,7 +759,7 @@ export async function replayMetadata(opts: ReplayOptions): Promise<ReplayResult>
     const up = await wayTo(parentOf(dir));
     let state: "ok" | "symlink" | "absent" = up;
     if (up === "ok") {
-      const st = await fs.lstat(path.join(opts.treeDir, dir)).catch(() => null);
+      const st = await orAbsent(fs.lstat(path.join(opts.treeDir, dir)));
       state = st?.isDirectory() ? "ok" : st?.isSymbolicLink() ? "symlink" : "absent";
     }
     way.set(dir, state);
@@ -778,7 +777,7 @@ export async function replayMetadata(opts: ReplayOptions): Promise<ReplayResult>
       if (entries.length > 0) opts.log("metadata names a directory the tree does not hold; left as it is", { path: dir, branch: opts.branch });
       continue;
     }
-    const stats = await inBatches(entries, (e) => fs.lstat(path.join(opts.treeDir, dir, e.name)).catch(() => null));
+    const stats = await inBatches(entries, async (e) => (await orAbsent(fs.lstat(path.join(opts.treeDir, dir, e.name)))) ?? null);
     for (const [i, entry] of entries.entries()) {
       const rel = joinRel(dir, entry.name);
       const st = stats[i]!;

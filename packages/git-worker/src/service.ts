@@ -131,8 +131,8 @@ export function gitWorkerService(deps: GitWorkerDeps): gitWorker.GitWorkerServer
     }),
 
     flushVolume: unary("flush", logger, async (request: gitWorker.FlushVolumeRequest) => {
-      const sync = syncs.get(required(request.volumeId, "volume_id"));
-      return sync ? sync.flush() : { pushed: false, message: "the volume is not staged on this node" };
+      // NOT_FOUND tells a restarted worker from one that flushed: the unstage hands the volume over and asks again.
+      return syncOf(required(request.volumeId, "volume_id")).flush();
     }),
 
     renewMount: unary("renew_mount", logger, async (request: gitWorker.RenewMountRequest) => {

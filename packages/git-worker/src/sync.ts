@@ -1,20 +1,21 @@
 import * as fs from "node:fs/promises";
 import * as path from "node:path";
 import watcher from "@parcel/watcher";
-import { type ClassPolicy, type EventType, formatDuration, METADATA_REF, parseClassParameters, Reason, type ReasonName, sideBranchOf } from "@git-csi/config";
+import { type ClassPolicy, type EventType, formatDuration, METADATA_REF, orAbsent, parseClassParameters, Reason, type ReasonName, sideBranchOf } from "@git-csi/config";
 import type { Logger } from "@git-csi/logging";
 import type { InvolvedObject } from "@git-csi/k8s";
 import type { ClaimLabels, DriverMetrics } from "@git-csi/metrics";
 import type { gitcsi, gitWorker } from "@git-csi/protos";
 import type { SimpleGit } from "simple-git";
-import { failedPrecondition } from "@git-csi/protos";
+import { type CsiError, failedPrecondition, internal } from "@git-csi/protos";
 import type { RemoteAccess } from "./access";
 import { fingerprint } from "./credential";
 import { recordMetadata, replayMetadata } from "./metadata";
 import type { MountLease } from "./lease";
 import { deleteBranch, type Fence, fetchBranch, fetchMetadata, pushCommit, pushMetadata, type PushResult, RemoteError } from "./remote";
 import { type Store, UPSTREAM_METADATA, upstreamRef } from "./store";
-import { canMoveTree, countCommits, isAncestor, moveTree, revParse, stagedPaths, stagePaths, statusOf } from "./tree";
+import { canMoveTree, countCommits, isAncestor, moveTree, revParse, stageChanges, stagedPaths, statusOf } from "./tree";
+import { runGit } from "./git";
 import { type PreparedTree, volumeBranchRef } from "./stage";
 
 /** Where a volume's events go besides its report and the log: Kubernetes' recorder in a cluster. */
@@ -86,6 +87,8 @@ export class VolumeSync {
   private lastPushAt = 0;
   private pushFailures = 0;
   private lastPushError = "";
+  private commitFailures = 0;
+  private lastCommitError = "";
   private onSideBranch = false;
   private refDeleted = false;
   private upstreamMovedOverWrites = false;
@@ -230,7 +233,7 @@ export class VolumeSync {
     await this.enqueue(() => this.ctx.onRepository(() => (reused ? this.reconcileAtStage(fetched) : this.replayMetadata())));
     const treeDir = this.ctx.store.treeDir(this.ctx.volumeId);
     const snapshot = this.snapshotFile();
-    const saved = await fs.readFile(this.pendingFile(), "utf8").then((t) => JSON.parse(t) as string[], () => undefined);
+    const saved = await this.readSavedPending();
     const log = { volume: this.ctx.volumeId, operation: "watch" };
     if (saved && (await fs.stat(snapshot).then(() => true, () => false))) {
       for (const p of saved) this.changed.add(p);
@@ -276,6 +279,18 @@ export class VolumeSync {
     this.access.close();
     this.ctx.metrics.forget(this.labels);
     return released;
+  }
+
+  /** What the last stop left pending; a record that cannot be read costs one full scan, never a path. */
+  private async readSavedPending(): Promise<string[] | undefined> {
+    const text = await orAbsent(fs.readFile(this.pendingFile(), "utf8"));
+    if (text === undefined) return undefined;
+    try {
+      return JSON.parse(text) as string[];
+    } catch (err) {
+      this.ctx.logger.warn(`${this.pendingFile()} cannot be read; one full git status finds what changed: ${(err as Error).message}`, { volume: this.ctx.volumeId, operation: "watch" });
+      return undefined;
+    }
   }
 
   private snapshotFile(): string {
@@ -438,41 +453,87 @@ export class VolumeSync {
     return this.enqueue(async () => {
       await this.refreshPending();
       if (!this.policy) return { pushed: this.unpushed === 0, message: "unarmed: nothing is committed or pushed" };
-      await this.commit(trigger);
+      await this.commitOrRetry(trigger);
       return this.push(trigger);
     });
   }
 
+  /**
+   * A commit that fails keeps every path pending, turns the volume abnormal
+   * and is tried again with backoff; the caller sees the failure, so an
+   * unstage never answers over writes no commit holds.
+   */
+  private async commitOrRetry(trigger: string): Promise<void> {
+    try {
+      await this.commit(trigger);
+    } catch (err) {
+      throw this.commitFailed(err);
+    }
+    if (this.lastCommitError !== "") {
+      this.lastCommitError = "";
+      this.commitFailures = 0;
+      this.ctx.logger.info("committed again after failed commits", { volume: this.ctx.volumeId, operation: "commit" });
+    }
+  }
+
+  private commitFailed(err: unknown): CsiError {
+    const message = err instanceof Error ? err.message : String(err);
+    this.commitFailures++;
+    if (message !== this.lastCommitError) {
+      this.emit(Reason.CommitFailed, "Warning", `${this.pending.size} written path(s) could not be committed; they stay in the node's work tree and the driver retries: ${message}`);
+    }
+    this.lastCommitError = message;
+    this.retryAfterFailure(this.commitFailures);
+    return internal(`volume ${this.ctx.volumeId}: ${this.pending.size} written path(s) could not be committed, so they are not safe to leave the node yet; the driver retries: ${message}`);
+  }
+
+  /** The next sync after a failed commit or push, with backoff up to push.maxLatency. */
+  private retryAfterFailure(failures: number): void {
+    clearTimeout(this.retryTimer);
+    const delay = Math.min(this.policy?.maxLatencyMs ?? RETRY_MIN_MS, RETRY_MIN_MS * 2 ** Math.min(failures - 1, 6));
+    this.retryTimer = setTimeout(() => void this.sync("a failed commit or push").catch((err: unknown) => this.fail("sync", err)), delay);
+    this.publishMetrics();
+  }
+
+  /** Commits the pending paths; a path leaves the pending set only once a commit holds it or git shows it unchanged. */
   private async commit(trigger: string): Promise<void> {
-    const policy = this.policy!;
     const asked = [...this.pending];
     if (asked.length === 0) return;
-    const treeDir = this.ctx.store.treeDir(this.ctx.volumeId);
-    const toStage: string[] = [];
-    const tooLarge = new Map<string, number>();
-    for (const s of await statusOf(this.tree, asked)) {
-      const stat = s.deleted ? undefined : await fs.lstat(path.join(treeDir, s.path)).catch(() => undefined);
-      if (stat?.isFile() && stat.size > policy.maxFileSizeBytes) tooLarge.set(s.path, stat.size);
-      else toStage.push(s.path);
-    }
+    const tooLarge = await this.stage(asked);
+    const staged = await stagedPaths(this.tree);
+    if (staged.length > 0) await this.writeCommit(staged, trigger);
     this.noteSkipped(asked, tooLarge);
     for (const p of asked) this.pending.delete(p);
-    if (toStage.length > 0) {
-      await stagePaths(this.tree, path.join(this.ctx.store.volumeDir(this.ctx.volumeId), "pathspec"), toStage);
-      const staged = await stagedPaths(this.tree);
-      if (staged.length > 0) {
-        const subject = `${this.claim.name ? `${this.claim.namespace}/${this.claim.name}` : this.ctx.volumeId}: ${staged.length} path(s) after ${trigger}`;
-        const body = staged.slice(0, 50).join("\n") + (staged.length > 50 ? `\n… and ${staged.length - 50} more` : "");
-        // Plumbing, not `git commit`: that re-checks every tracked file, and the cost must follow the change.
-        const parent = await revParse(this.tree, "HEAD");
-        const treeOid = (await this.tree.raw(["write-tree"])).trim();
-        const commit = (await this.tree.raw(["commit-tree", treeOid, "-p", parent, "-m", subject, "-m", body])).trim();
-        await this.tree.raw(["update-ref", "-m", "git-csi: commit", "HEAD", commit, parent]);
-        this.oldestUnpushedAt ??= Date.now();
-        this.ctx.logger.info("committed", { volume: this.ctx.volumeId, operation: "commit", paths: staged.length, trigger });
-      }
-    }
     await this.refreshUnpushed();
+  }
+
+  /** Stages what changed of these paths as they are now; the ones over commit.maxFileSize stay out. */
+  private async stage(asked: string[]): Promise<Map<string, number>> {
+    const treeDir = this.ctx.store.treeDir(this.ctx.volumeId);
+    const pathspecFile = path.join(this.ctx.store.volumeDir(this.ctx.volumeId), "pathspec");
+    let tooLarge = new Map<string, number>();
+    await stageChanges(this.tree, pathspecFile, asked, async (changed) => {
+      tooLarge = new Map();
+      for (const s of changed) {
+        // A file that vanished since git listed it is staged as whatever git sees: never too large.
+        const stat = s.deleted ? undefined : await orAbsent(fs.lstat(path.join(treeDir, s.path)));
+        if (stat?.isFile() && stat.size > this.policy!.maxFileSizeBytes) tooLarge.set(s.path, stat.size);
+      }
+      return changed.filter((s) => !tooLarge.has(s.path)).map((s) => s.path);
+    });
+    return tooLarge;
+  }
+
+  /** Plumbing, not `git commit`: that re-checks every tracked file, and the cost must follow the change. */
+  private async writeCommit(staged: string[], trigger: string): Promise<void> {
+    const subject = `${this.claim.name ? `${this.claim.namespace}/${this.claim.name}` : this.ctx.volumeId}: ${staged.length} path(s) after ${trigger}`;
+    const body = staged.slice(0, 50).join("\n") + (staged.length > 50 ? `\n… and ${staged.length - 50} more` : "");
+    const parent = await revParse(this.tree, "HEAD");
+    const treeOid = (await runGit(this.tree, ["write-tree"])).trim();
+    const commit = (await runGit(this.tree, ["commit-tree", treeOid, "-p", parent, "-m", subject, "-m", body])).trim();
+    await runGit(this.tree, ["update-ref", "-m", "git-csi: commit", "HEAD", commit, parent]);
+    this.oldestUnpushedAt ??= Date.now();
+    this.ctx.logger.info("committed", { volume: this.ctx.volumeId, operation: "commit", paths: staged.length, trigger });
   }
 
   private noteSkipped(asked: string[], tooLarge: Map<string, number>): void {
@@ -590,10 +651,7 @@ export class VolumeSync {
     this.lastPushError = message;
     this.ctx.metrics.pushFailures.inc(this.labels);
     this.emit(Reason.PushFailed, "Warning", `push to ${this.pushBranch} failed; the commits stay in the node's work tree and the driver retries: ${message}`);
-    clearTimeout(this.retryTimer);
-    const delay = Math.min(this.policy?.maxLatencyMs ?? RETRY_MIN_MS, RETRY_MIN_MS * 2 ** Math.min(this.pushFailures - 1, 6));
-    this.retryTimer = setTimeout(() => void this.sync("a failed push").catch((err: unknown) => this.fail("sync", err)), delay);
-    this.publishMetrics();
+    this.retryAfterFailure(this.pushFailures);
     return { pushed: false, message };
   }
 
@@ -776,6 +834,7 @@ export class VolumeSync {
     if (this.waitingForCredential) reasons.push("waits for its credential: the driver restarted, and the next publish brings the Secret");
     if (this.onSideBranch) reasons.push(`diverged: pushes go to ${this.sideBranch} until it is merged into ${this.ctx.branch}`);
     if (this.refDeleted) reasons.push(`${this.ctx.branch} was deleted upstream`);
+    if (this.lastCommitError) reasons.push(`the last commit failed, ${this.pending.size} path(s) wait for it: ${this.lastCommitError}`);
     if (this.lastPushError) reasons.push(`the last push failed: ${this.lastPushError}`);
     if (this.upstreamMovedOverWrites) reasons.push(`${this.ctx.branch} moved upstream while the tree held uncommitted writes; the tree was left as it is`);
     if (this.skipped.size > 0) reasons.push(`${this.skipped.size} file(s) over commit.maxFileSize are not committed`);

@@ -1,21 +1,25 @@
 import * as fs from "node:fs/promises";
 import * as path from "node:path";
 import type { SimpleGit } from "simple-git";
+import { GitCommandError, runGit } from "./git";
 
-/** The commit a ref names, or "" when it names none. */
+/** The commit a ref names, or "" when it names none; a git that fails is an error, never "absent". */
 export async function revParse(git: SimpleGit, ref: string): Promise<string> {
-  return (await git.raw(["rev-parse", "--verify", "--quiet", `${ref}^{commit}`]).catch(() => "")).trim();
+  return (await runGit(git, ["rev-parse", "--verify", "--quiet", `${ref}^{commit}`])).trim();
 }
 
+/** merge-base answers nothing for unrelated histories: no ancestor. Any other failure throws. */
 export async function isAncestor(git: SimpleGit, ancestor: string, descendant: string): Promise<boolean> {
   if (ancestor === descendant) return true;
-  const base = (await git.raw(["merge-base", ancestor, descendant]).catch(() => "")).trim();
-  return base === ancestor;
+  return (await runGit(git, ["merge-base", ancestor, descendant])).trim() === ancestor;
 }
 
 export async function countCommits(git: SimpleGit, from: string, to: string): Promise<number> {
-  const range = from === "" ? [to] : [`${from}..${to}`];
-  return Number((await git.raw(["rev-list", "--count", ...range]).catch(() => "0")).trim() || "0");
+  const argv = ["rev-list", "--count", ...(from === "" ? [to] : [`${from}..${to}`])];
+  const out = (await runGit(git, argv)).trim();
+  // An empty answer is a failure git did not explain, not "nothing to push".
+  if (!/^\d+$/.test(out)) throw new GitCommandError(argv, `answered ${JSON.stringify(out)} where a count was expected`);
+  return Number(out);
 }
 
 /** One changed path as `git status --porcelain -z` reports it. */
@@ -32,7 +36,7 @@ export interface PathStatus {
 export async function statusOf(git: SimpleGit, paths?: string[]): Promise<PathStatus[]> {
   const out: PathStatus[] = [];
   for (const batch of paths === undefined ? [undefined] : chunks(paths, 500)) {
-    const text = await git.raw(["status", "--porcelain=v1", "-z", "--untracked-files=all", "--no-renames", ...(batch ? ["--", ...batch] : [])]);
+    const text = await runGit(git, ["status", "--porcelain=v1", "-z", "--untracked-files=all", "--no-renames", ...(batch ? ["--", ...batch] : [])]);
     for (const entry of text.split("\0")) {
       if (entry.length < 4) continue;
       out.push({ path: entry.slice(3), deleted: entry[0] === "D" || entry[1] === "D" });
@@ -41,18 +45,40 @@ export async function statusOf(git: SimpleGit, paths?: string[]): Promise<PathSt
   return out;
 }
 
+/** Tries of one staging: each asks git again which paths changed, so files that vanished drop out. */
+const STAGE_ATTEMPTS = 5;
+
+/**
+ * Stages these paths as they are now: changed ones are added, deleted ones
+ * removed, and one that vanished since the watcher saw it (a temp file, an
+ * atomic save) is whatever git sees now, never a failure of the others.
+ * Returns the statuses staged.
+ */
+export async function stageChanges(git: SimpleGit, pathspecFile: string, paths: string[], choose: (changed: PathStatus[]) => Promise<string[]>): Promise<void> {
+  for (let attempt = 1; ; attempt++) {
+    const toStage = await choose(await statusOf(git, paths));
+    if (toStage.length === 0) return;
+    try {
+      return await stagePaths(git, pathspecFile, toStage);
+    } catch (err) {
+      if (attempt === STAGE_ATTEMPTS) throw err;
+    }
+  }
+}
+
 /**
  * Stages exactly these paths through a pathspec file: no command line limit,
- * and names with any byte in them pass unharmed.
+ * and names with any byte in them pass unharmed. --ignore-errors keeps what
+ * was hashed before a file vanished mid-way, so a retry does not hash it again.
  */
-export async function stagePaths(git: SimpleGit, pathspecFile: string, paths: string[]): Promise<void> {
+async function stagePaths(git: SimpleGit, pathspecFile: string, paths: string[]): Promise<void> {
   await fs.mkdir(path.dirname(pathspecFile), { recursive: true });
   await fs.writeFile(pathspecFile, paths.map((p) => `${p}\0`).join(""));
-  await git.raw(["add", "-A", `--pathspec-from-file=${pathspecFile}`, "--pathspec-file-nul"]);
+  await runGit(git, ["add", "-A", "--ignore-errors", `--pathspec-from-file=${pathspecFile}`, "--pathspec-file-nul"]);
 }
 
 export async function stagedPaths(git: SimpleGit): Promise<string[]> {
-  return (await git.raw(["diff", "--cached", "--name-only", "-z"])).split("\0").filter((p) => p !== "");
+  return (await runGit(git, ["diff", "--cached", "--name-only", "-z"])).split("\0").filter((p) => p !== "");
 }
 
 /**

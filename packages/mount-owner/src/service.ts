@@ -15,6 +15,7 @@ import {
   notFound,
   required,
   unary,
+  unavailable,
 } from "@git-csi/protos";
 import { FuseError } from "./fuse/binding";
 import { bindMount, fuseSource, isMountPoint, readMountTable, unmountAll } from "./mounts";
@@ -225,7 +226,11 @@ export function createMountOwner(deps: MountOwnerDeps): MountOwner {
       throw failedPrecondition(`volume ${volumeId} is still published at ${record.targets.join(", ")}; unpublish it first`);
     }
     // The persisted epoch serves a mount owner that restarted since the stage.
-    const persisted = await readSession(stagingPath, { volumeId, node: deps.nodeId }).catch(() => undefined);
+    const persisted = await readSession(stagingPath, { volumeId, node: deps.nodeId }).catch((err: Error) => {
+      // A record a stage would refuse names no epoch this node may release: its lease runs out by itself.
+      logger.warn(`the unstage does not use the session record: ${err.message}`, { volume: volumeId, operation: "unstage" });
+      return undefined;
+    });
     const live = sessions.get(volumeId);
     await live?.mount.unmount();
     await unmountAll(stagingPath);
@@ -236,9 +241,9 @@ export function createMountOwner(deps: MountOwnerDeps): MountOwner {
       clearInterval(live.renewal);
       sessions.delete(volumeId);
     }
-    // The pod's unstage pushes before the volume leaves the node; a push that fails keeps its commits in the tree.
-    await flush(volumeId, UNSTAGE_FLUSH_BUDGET_MS);
-    await release(volumeId, live?.epoch ?? persisted?.epoch ?? "");
+    const epoch = live?.epoch ?? persisted?.epoch ?? "";
+    if (record?.stagingPath !== undefined) await commitBeforeLeaving(record, epoch);
+    await release(volumeId, epoch);
     await removeSession(stagingPath);
     if (record) await state.volumes.put(volumeId, { ...record, stagingPath: undefined });
     logger.info("unstaged", { volume: volumeId, operation: "unstage" });
@@ -308,16 +313,43 @@ export function createMountOwner(deps: MountOwnerDeps): MountOwner {
       const { [targetPath]: _gone, ...pods } = record.pods ?? {};
       await state.volumes.put(volumeId, { ...record, targets, pods });
       // The last pod stopped: push what the tree holds, and tell that pod how it went.
-      if (targets.length === 0) await flush(volumeId, WORKER_TIMEOUT_MS);
+      if (targets.length === 0) await flushAtPodStop(volumeId);
       await tellPods(volumeId, pods);
     }
     logger.info("unpublished", { volume: volumeId, operation: "unpublish", target: targetPath });
     return {};
   }
 
-  async function flush(volumeId: string, budgetMs: number): Promise<void> {
-    const result = await call(worker.flushVolume.bind(worker), { volumeId }, budgetMs).catch((err: Error) => ({ pushed: false, message: err.message }));
+  /** The last pod stopped: push what the tree holds now. The unstage after it is what insists on the commit. */
+  async function flushAtPodStop(volumeId: string): Promise<void> {
+    const result = await call(worker.flushVolume.bind(worker), { volumeId }, WORKER_TIMEOUT_MS).catch((err: Error) => ({ pushed: false, message: err.message }));
+    logFlush(volumeId, result);
+  }
+
+  function logFlush(volumeId: string, result: gitWorker.FlushVolumeResponse): void {
     logger.log(result.pushed ? "info" : "warn", result.pushed ? "flushed" : `flush did not push: ${result.message}`, { volume: volumeId, operation: "flush" });
+  }
+
+  /**
+   * The unstage answers only once every write the tree holds is in a commit:
+   * pushed, or kept and reported as unpushed. A worker that restarted is
+   * handed the volume first. A commit that fails, or a worker that does not
+   * answer, fails the unstage, and the kubelet retries it.
+   */
+  async function commitBeforeLeaving(record: VolumeRecord, epoch: string): Promise<void> {
+    const { volumeId } = record;
+    const flushNow = () => call(worker.flushVolume.bind(worker), { volumeId }, UNSTAGE_FLUSH_BUDGET_MS);
+    try {
+      logFlush(volumeId, await flushNow().catch(async (err: CsiError) => {
+        if (err.code !== status.NOT_FOUND || epoch === "") throw err;
+        await prepare(record, epoch, undefined, true);
+        return flushNow();
+      }));
+    } catch (err) {
+      throw unavailable(
+        `volume ${volumeId}: the unstage waits until every write in the node's tree is in a commit, and the git worker could not commit them: ${(err as Error).message}. The writes stay in the tree; the kubelet retries the unstage`,
+      );
+    }
   }
 
   /** In standalone mode the controller's record carries the class ControllerModifyVolume applied. */

@@ -1,5 +1,6 @@
 import { randomUUID } from "node:crypto";
 import * as fs from "node:fs/promises";
+import { orAbsent } from "@git-csi/config";
 import { failedPrecondition, type gitcsi } from "@git-csi/protos";
 import { writeFileAtomic } from "./state";
 
@@ -40,10 +41,7 @@ export function sessionPath(stagingPath: string): string {
 export async function readSession(stagingPath: string, identity: SessionIdentity): Promise<SessionRecord | undefined> {
   const { volumeId } = identity;
   const file = sessionPath(stagingPath);
-  const stat = await fs.lstat(file).catch((err: NodeJS.ErrnoException) => {
-    if (err.code === "ENOENT") return undefined;
-    throw err;
-  });
+  const stat = await orAbsent(fs.lstat(file));
   if (!stat) return undefined;
   const refuse = (why: string) =>
     failedPrecondition(`${file} ${why}; the stage of volume ${volumeId} cannot continue its session. Check that no mount of the volume remains (unpublish and unstage it), then remove the file`);

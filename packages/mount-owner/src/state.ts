@@ -1,5 +1,6 @@
 import * as fs from "node:fs/promises";
 import * as path from "node:path";
+import { orAbsent } from "@git-csi/config";
 import type { gitcsi, mountOwner } from "@git-csi/protos";
 
 /**
@@ -53,12 +54,8 @@ export async function writeFileAtomic(file: string, content: string, mode = 0o60
 }
 
 async function readJson<T>(file: string): Promise<T | undefined> {
-  try {
-    return JSON.parse(await fs.readFile(file, "utf8")) as T;
-  } catch (err) {
-    if ((err as NodeJS.ErrnoException).code === "ENOENT") return undefined;
-    throw err;
-  }
+  const text = await orAbsent(fs.readFile(file, "utf8"));
+  return text === undefined ? undefined : (JSON.parse(text) as T);
 }
 
 /** A directory of JSON records keyed by a volume id or name. */
@@ -82,7 +79,7 @@ class RecordDir<T> {
   }
 
   async keys(): Promise<string[]> {
-    const names = await fs.readdir(this.dir).catch(() => [] as string[]);
+    const names = (await orAbsent(fs.readdir(this.dir))) ?? [];
     return names.filter((n) => n.endsWith(".json")).map((n) => n.slice(0, -".json".length));
   }
 }

@@ -1,0 +1,107 @@
+// Issue 11: no acknowledged write is ever lost. A temp file that vanishes
+// while a commit hashes a large file, and an unstage over a tree whose commit
+// cannot be written, on the real services with a real git daemon.
+import assert from "node:assert/strict";
+import * as fs from "node:fs/promises";
+import * as path from "node:path";
+import { after, before, describe, test } from "node:test";
+import { call } from "@git-csi/protos";
+import { status } from "@grpc/grpc-js";
+import { createVolume, type Driver, freePort, metricsText, metricValue, reasons, report, run, setVolumeClass, sh, stageAndPublish, startDriver, volumeLogs, waitFor } from "../src/driver";
+import { type GitServer, startGitDaemon } from "../src/git-server";
+
+const T = 120_000;
+
+/** Waits until a git command whose argv names this volume's pathspec file runs: the commit is staging now. */
+async function whileStaging(driver: Driver, volumeId: string): Promise<void> {
+  const pathspec = `--pathspec-from-file=${path.join(driver.stateDir, "sync", volumeId, "pathspec")}`;
+  await waitFor(
+    "the commit's git add",
+    async () => {
+      for (const pid of await fs.readdir("/proc")) {
+        if (!/^\d+$/.test(pid)) continue;
+        const argv = await fs.readFile(`/proc/${pid}/cmdline`, "utf8").catch(() => "");
+        if (argv.split("\0").includes(pathspec)) return true;
+      }
+      return false;
+    },
+    60_000,
+  );
+}
+
+describe("no acknowledged write is lost", () => {
+  let server: GitServer;
+  let driver: Driver;
+  let n = 0;
+
+  before(async () => {
+    server = await startGitDaemon();
+    driver = await startDriver({ metricsPort: await freePort() });
+  });
+
+  after(async () => {
+    await driver?.stop();
+    await server?.stop();
+  });
+
+  async function volumeOn(): Promise<{ repo: string; volume: Awaited<ReturnType<typeof stageAndPublish>> }> {
+    const repo = `lost-${++n}.git`;
+    await server.createRepo(repo, { files: { "configuration.yaml": "name: home\n" } });
+    const created = await createVolume(driver, `lost-${n}`, server.url(repo));
+    return { repo, volume: await stageAndPublish(driver, created, undefined, `lost-pod-${n}`) };
+  }
+
+  test("a temp file removed while the commit hashes a large file is a deletion, and every other path is committed and pushed", async () => {
+    const { repo, volume } = await volumeOn();
+    await setVolumeClass(driver, volume.volumeId, { "push.quiesce": "1s", "push.maxLatency": "1m", "commit.maxFileSize": "1Gi" });
+    const t = volume.targetPath;
+    await sh(`head -c 200000000 /dev/urandom > '${t}/big.bin' && echo t > '${t}/t.tmp'`);
+    await whileStaging(driver, volume.volumeId);
+    await sh(`rm '${t}/t.tmp' && echo b > '${t}/b.txt'`);
+    await waitFor("b.txt pushed", () => server.git(repo, "show", "main:b.txt").catch(() => undefined), T);
+    assert.equal(await server.git(repo, "cat-file", "-s", "main:big.bin"), "200000000");
+    assert.equal(await server.git(repo, "ls-tree", "--name-only", "main", "t.tmp"), "", "the vanished temp file is not committed");
+    const settled = await waitFor("nothing pending", async () => {
+      const r = await report(driver, volume.volumeId);
+      return r.pendingPaths.length === 0 && r.unpushedCommits === 0 && r;
+    });
+    assert.deepEqual(settled.abnormal, []);
+    assert.doesNotMatch(volumeLogs(driver, volume.volumeId), /sync failed/);
+    await call(driver.node.nodeUnpublishVolume.bind(driver.node), { volumeId: volume.volumeId, targetPath: volume.targetPath }, T);
+    await call(driver.node.nodeUnstageVolume.bind(driver.node), { volumeId: volume.volumeId, stagingTargetPath: volume.stagingPath }, T);
+  });
+
+  test("an unstage over writes no commit can take fails, keeps them, and succeeds once they are committed", async () => {
+    const { repo, volume } = await volumeOn();
+    await setVolumeClass(driver, volume.volumeId, { "push.quiesce": "1h", "push.maxLatency": "2h" });
+    await sh(`echo kept > '${volume.targetPath}/kept.txt'`);
+    await waitFor("kept.txt pending", async () => (await report(driver, volume.volumeId)).pendingPaths.includes("kept.txt"));
+    // An object store git cannot write: a read-only bind mount over it, which root cannot write either.
+    const [repoDir] = await fs.readdir(path.join(driver.stateDir, "repos"));
+    const objects = path.join(driver.stateDir, "repos", repoDir!, "objects");
+    await run("mount", ["--bind", objects, objects]);
+    await run("mount", ["-o", "remount,ro,bind", objects]);
+    try {
+      await call(driver.node.nodeUnpublishVolume.bind(driver.node), { volumeId: volume.volumeId, targetPath: volume.targetPath }, T);
+      const unstage = () => call(driver.node.nodeUnstageVolume.bind(driver.node), { volumeId: volume.volumeId, stagingTargetPath: volume.stagingPath }, T);
+      await assert.rejects(unstage(), (err: { code: number; message: string }) => {
+        assert.equal(err.code, status.UNAVAILABLE);
+        assert.match(err.message, /1 written path\(s\) could not be committed/);
+        assert.match(err.message, /git .*: .*(Read-only file system|insufficient permission|unable to)/i);
+        return true;
+      });
+      const r = await report(driver, volume.volumeId);
+      assert.deepEqual(r.pendingPaths, ["kept.txt"], "the failed commit forgets no path");
+      assert.ok(r.abnormal.some((a) => a.startsWith("the last commit failed")), r.abnormal.join("\n"));
+      assert.ok(reasons(r).includes("GitVolumeCommitFailed"));
+      assert.equal(metricValue(await metricsText(driver), "git_csi_volume_abnormal", volume.volumeId), 1);
+      // The kubelet retries: still refused while the store is unwritable.
+      await assert.rejects(unstage(), (err: { code: number }) => err.code === status.UNAVAILABLE);
+      await run("umount", [objects]);
+      await unstage();
+    } finally {
+      await run("umount", [objects]).catch(() => undefined);
+    }
+    assert.equal(await server.git(repo, "show", "main:kept.txt"), "kept");
+  });
+});
