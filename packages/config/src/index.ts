@@ -5,3 +5,4 @@ export * from "./serial";
 export * from "./ref";
 export * from "./events";
 export * from "./absent";
+export * from "./url";
