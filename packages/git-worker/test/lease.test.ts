@@ -1,5 +1,4 @@
 import assert from "node:assert/strict";
-import { execFileSync } from "node:child_process";
 import * as fs from "node:fs/promises";
 import * as os from "node:os";
 import * as path from "node:path";
@@ -11,22 +10,19 @@ import { formatRecord, type Holder, type OwnerRecord, parseRecord } from "../src
 import { type Fence, fetchBranch, pushCommit, type PushResult } from "../src/remote";
 import { prepareTree } from "../src/stage";
 import { ownerRef, Store } from "../src/store";
+import { AUTHOR, gitAt, type ServedRemote, servedRemote, tempDir } from "./remote";
 
 /**
- * MountLease against a real remote: a bare repository on local disk, reached
- * by a file:// URL, and nodes wired as service.ts and sync.ts wire them. These
+ * MountLease against a real remote: a bare repository served by git daemon
+ * over git://, and nodes wired as service.ts and sync.ts wire them. These
  * tests show the remote's side of spec 000's fencing: a push whose owner-ref
  * lease is stale lands nothing, whatever the node's own view allowed.
  */
 
 const LEASE_MS = 90_000;
 const VOLUME = "pvc-lease";
-const AUTHOR = { GIT_AUTHOR_NAME: "app", GIT_AUTHOR_EMAIL: "app@localhost", GIT_COMMITTER_NAME: "app", GIT_COMMITTER_EMAIL: "app@localhost" };
 
-interface Remote {
-  dir: string;
-  url: string;
-  git: (...args: string[]) => string;
+interface Remote extends ServedRemote {
   /** The remote's refs under refs/, ref → oid. */
   refs: () => Map<string, string>;
   main: () => string;
@@ -34,27 +30,10 @@ interface Remote {
   record: () => OwnerRecord;
 }
 
-async function tempDir(t: TestContext, name: string): Promise<string> {
-  const dir = await fs.mkdtemp(path.join(os.tmpdir(), `lease-test-${name}-`));
-  t.after(() => fs.rm(dir, { recursive: true, force: true }));
-  return dir;
-}
-
-function gitAt(gitDir: string, home: string): (...args: string[]) => string {
-  return (...args) =>
-    execFileSync("git", args, { env: { PATH: process.env.PATH, HOME: home, GIT_DIR: gitDir, ...AUTHOR }, encoding: "utf8", stdio: ["ignore", "pipe", "pipe"] }).trim();
-}
-
-/** A bare repository with one commit on main, as a forge would hold it. */
+/** The forge's repository, as lease tests look at it. */
 async function remoteRepo(t: TestContext): Promise<Remote> {
-  const base = await tempDir(t, "remote");
-  const dir = path.join(base, "remote.git");
-  execFileSync("git", ["init", "--bare", "--quiet", dir], { env: { PATH: process.env.PATH, HOME: base } });
-  const git = gitAt(dir, base);
-  git("symbolic-ref", "HEAD", "refs/heads/main");
-  const blob = execFileSync("git", ["hash-object", "-w", "--stdin"], { env: { PATH: process.env.PATH, HOME: base, GIT_DIR: dir }, input: "hello\n", encoding: "utf8" }).trim();
-  const tree = execFileSync("git", ["mktree"], { env: { PATH: process.env.PATH, HOME: base, GIT_DIR: dir }, input: `100644 blob ${blob}\tREADME\n`, encoding: "utf8" }).trim();
-  git("update-ref", "refs/heads/main", git("commit-tree", tree, "-m", "first"));
+  const served = await servedRemote(t);
+  const git = served.git;
   const refs = () => {
     const out = new Map<string, string>();
     for (const line of git("for-each-ref", "--format=%(refname) %(objectname)").split("\n").filter(Boolean)) {
@@ -71,9 +50,7 @@ async function remoteRepo(t: TestContext): Promise<Remote> {
     }
   };
   return {
-    dir,
-    url: `file://${dir}`,
-    git,
+    ...served,
     refs,
     main: () => revParse("refs/heads/main"),
     owner: () => revParse(ownerRef(VOLUME)),

@@ -1,0 +1,72 @@
+import { type ChildProcess, execFileSync, spawn } from "node:child_process";
+import * as fs from "node:fs/promises";
+import * as net from "node:net";
+import * as os from "node:os";
+import * as path from "node:path";
+import type { TestContext } from "node:test";
+
+export const AUTHOR = { GIT_AUTHOR_NAME: "app", GIT_AUTHOR_EMAIL: "app@localhost", GIT_COMMITTER_NAME: "app", GIT_COMMITTER_EMAIL: "app@localhost" };
+
+export async function tempDir(t: TestContext, name: string): Promise<string> {
+  const dir = await fs.mkdtemp(path.join(os.tmpdir(), `git-worker-test-${name}-`));
+  t.after(() => fs.rm(dir, { recursive: true, force: true }));
+  return dir;
+}
+
+/** git in a repository, synchronously, outside the worker: the test's own view of it. */
+export function gitAt(gitDir: string, home: string): (...args: string[]) => string {
+  return (...args) =>
+    execFileSync("git", args, { env: { PATH: process.env.PATH, HOME: home, GIT_DIR: gitDir, ...AUTHOR }, encoding: "utf8", stdio: ["ignore", "pipe", "pipe"] }).trim();
+}
+
+/**
+ * A real git daemon serving every repository under a directory over git://
+ * on 127.0.0.1, as a forge serves them: the worker refuses to reach a remote
+ * through the file system. Each connection gets its own `git daemon --inetd`
+ * holding the socket, so the port is the kernel's choice and never races.
+ */
+async function serveGitDaemon(t: TestContext, baseDir: string): Promise<(repo: string) => string> {
+  const children = new Set<ChildProcess>();
+  // Paused: not one byte of a connection is read here; the daemon reads it all.
+  const server = net.createServer({ pauseOnConnect: true }, (socket) => {
+    const child = spawn("git", ["daemon", "--inetd", "--export-all", "--enable=receive-pack", `--base-path=${baseDir}`, baseDir], {
+      stdio: [socket, socket, "ignore"],
+      env: { PATH: process.env.PATH, HOME: baseDir, GIT_CONFIG_NOSYSTEM: "1" },
+    });
+    children.add(child);
+    child.once("exit", () => children.delete(child));
+    socket.destroy();
+  });
+  await new Promise<void>((resolve, reject) => {
+    server.once("error", reject);
+    server.listen(0, "127.0.0.1", resolve);
+  });
+  t.after(async () => {
+    for (const child of children) child.kill();
+    await new Promise<void>((resolve) => server.close(() => resolve()));
+  });
+  const { port } = server.address() as net.AddressInfo;
+  return (repo) => `git://127.0.0.1:${port}/${repo}`;
+}
+
+export interface ServedRemote {
+  /** The bare repository on disk. */
+  dir: string;
+  /** Its git:// URL. */
+  url: string;
+  git: (...args: string[]) => string;
+}
+
+/** A bare repository with one commit on main, as a forge would hold and serve it. */
+export async function servedRemote(t: TestContext): Promise<ServedRemote> {
+  const base = await tempDir(t, "remote");
+  const dir = path.join(base, "remote.git");
+  execFileSync("git", ["init", "--bare", "--quiet", dir], { env: { PATH: process.env.PATH, HOME: base } });
+  const git = gitAt(dir, base);
+  git("symbolic-ref", "HEAD", "refs/heads/main");
+  const blob = execFileSync("git", ["hash-object", "-w", "--stdin"], { env: { PATH: process.env.PATH, HOME: base, GIT_DIR: dir }, input: "hello\n", encoding: "utf8" }).trim();
+  const tree = execFileSync("git", ["mktree"], { env: { PATH: process.env.PATH, HOME: base, GIT_DIR: dir }, input: `100644 blob ${blob}\tREADME\n`, encoding: "utf8" }).trim();
+  git("update-ref", "refs/heads/main", git("commit-tree", tree, "-m", "first"));
+  const url = (await serveGitDaemon(t, base))("remote.git");
+  return { dir, url, git };
+}
