@@ -1,6 +1,6 @@
 import * as fs from "node:fs/promises";
 import * as path from "node:path";
-import { orAbsent, sideBranchOf } from "@git-csi/config";
+import { branchOf, orAbsent, sideBranchOf } from "@git-csi/config";
 import type { Logger } from "@git-csi/logging";
 import type { gitcsi, gitWorker } from "@git-csi/protos";
 import { volumeBranchRef } from "./stage";
@@ -56,6 +56,15 @@ export async function removeTree(store: Store, volumeId: string, source: gitcsi.
 }
 
 /**
+ * The branches a kept tree follows. A source recorded before the node took
+ * its ref for no branch (such as "--help") follows none; it never fetched one.
+ */
+function followedBranches(tree: { volumeId: string; source: gitcsi.VolumeSource }): string[] {
+  const branch = branchOf(tree.source.ref);
+  return branch === undefined ? [] : [branch, sideBranchOf(branch, tree.volumeId)];
+}
+
+/**
  * Spec 004, "Work trees the node keeps": deletes the node's refs under
  * refs/git-csi/ that no volume follows, removes each bare repository that no
  * work tree names, and runs git gc in each one that stays, so the node's
@@ -74,7 +83,7 @@ export async function collectGarbage(store: Store, logger: Logger, onRepository:
         return;
       }
       const repo = store.repo(users[0]!.source.url);
-      const followed = new Set(users.flatMap((t) => [branchOfRef(t.source.ref), sideBranchOf(branchOfRef(t.source.ref), t.volumeId)]).map(upstreamRef));
+      const followed = new Set(users.flatMap(followedBranches).map(upstreamRef));
       const refs = (await repo.raw(["for-each-ref", "--format=%(refname)", `${UPSTREAM_PREFIX}heads/`])).split("\n").filter(Boolean);
       const stale = refs.filter((r) => !followed.has(r));
       for (const ref of stale) await repo.raw(["update-ref", "-d", ref]);

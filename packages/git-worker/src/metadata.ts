@@ -2,8 +2,9 @@ import { createHash } from "node:crypto";
 import { constants as fsConstants, type Stats } from "node:fs";
 import * as fs from "node:fs/promises";
 import * as path from "node:path";
-import { simpleGit, type SimpleGit } from "simple-git";
+import type { SimpleGit } from "simple-git";
 import { isAbsent, METADATA_REF, orAbsent } from "@git-csi/config";
+import { gitIn } from "./store";
 
 /**
  * Spec 004: "The driver records modes, owners, and empty directories on a ref
@@ -475,10 +476,7 @@ async function ignoredAmong(tree: SimpleGit | undefined, paths: string[]): Promi
 
 /** git in the same repository as `repo`, with its own index and the metadata author. */
 function privateGit(gitDir: string, indexFile: string, author: { name: string; email: string }, env: Record<string, string> = {}): SimpleGit {
-  return simpleGit({ baseDir: gitDir, trimmed: false }).env({
-    PATH: process.env.PATH ?? "/usr/bin:/bin",
-    HOME: process.env.HOME ?? "/",
-    GIT_TERMINAL_PROMPT: "0",
+  return gitIn(gitDir, {
     GIT_DIR: gitDir,
     GIT_INDEX_FILE: indexFile,
     GIT_AUTHOR_NAME: author.name,

@@ -1,5 +1,5 @@
 import { randomUUID } from "node:crypto";
-import { branchOf, ClassParameterError, KeyedSerial } from "@git-csi/config";
+import { ClassParameterError, KeyedSerial } from "@git-csi/config";
 import type { Logger } from "@git-csi/logging";
 import type { DriverMetrics } from "@git-csi/metrics";
 import { failedPrecondition, gitcsi, type gitWorker, invalidArgument, notFound, required, unary } from "@git-csi/protos";
@@ -10,7 +10,7 @@ import { fingerprint, parseCredential } from "./credential";
 import { MountLease, type OnRemote } from "./lease";
 import type { AccessModeName, Holder } from "./ownership";
 import { prepareTree } from "./stage";
-import type { Store } from "./store";
+import { branchOfRef, checkRemoteUrl, type Store } from "./store";
 import { type EventSink, VolumeSync } from "./sync";
 
 /** The volumes this worker watches, by volume id. */
@@ -50,7 +50,9 @@ export function gitWorkerService(deps: GitWorkerDeps): gitWorker.GitWorkerServer
     prepareTree: unary("prepare_tree", logger, async (request: gitWorker.PrepareTreeRequest) => {
       const volumeId = required(request.volumeId, "volume_id");
       const source = required(request.source, "source");
-      required(source.url, "source.url");
+      // Checked again here, before any file is written: the mount owner's socket is not the only way in.
+      checkRemoteUrl(required(source.url, "source.url"));
+      const branch = branchOfRef(source.ref);
       const holder = holderOf(volumeId, request.mount);
       const data = request.credential?.data;
       const openAccess = async (secret: Record<string, string> | undefined) => RemoteAccess.open(parseCredential(secret), store.volumeDir(volumeId), store.socketDir(), broker);
@@ -85,7 +87,7 @@ export function gitWorkerService(deps: GitWorkerDeps): gitWorker.GitWorkerServer
             store,
             volumeId,
             source,
-            branch: branchOf(source.ref)!,
+            branch,
             claim: request.claim ?? { namespace: "", name: "", uid: "" },
             logger,
             metrics,

@@ -2,7 +2,7 @@ import { createHash } from "node:crypto";
 import * as fs from "node:fs/promises";
 import * as path from "node:path";
 import { simpleGit, type SimpleGit } from "simple-git";
-import { BRANCH_RULE, branchOf } from "@git-csi/config";
+import { BRANCH_RULE, branchOf, REMOTE_TRANSPORTS, remoteUrlProblem } from "@git-csi/config";
 import { failedPrecondition, invalidArgument } from "@git-csi/protos";
 import type { RemoteOptions } from "./access";
 
@@ -89,6 +89,12 @@ export function branchOfRef(ref: string): string {
   return branch;
 }
 
+/** The volume's remote; the frontend refused any other URL before it got here. */
+export function checkRemoteUrl(url: string): void {
+  const problem = remoteUrlProblem(url);
+  if (problem) throw invalidArgument(`volume_context.url ${JSON.stringify(url)} ${problem}`);
+}
+
 /**
  * What the node last saw of a branch on the remote. The node's own refs live
  * under refs/git-csi/upstream/, so the hourly collection finds the ones no
@@ -122,10 +128,19 @@ function gitAt(dir: string, env: Record<string, string>, config: string[] = []):
   return gitIn(path.dirname(dir), env, config);
 }
 
+/**
+ * Only the transports forges serve, in git's own configuration of every
+ * command the worker runs: a remote URL, a redirect or a submodule that names
+ * a local path, file://, ext:: or another helper transport is refused by git
+ * too, not only by the CSI frontend's check of the volume's URL.
+ */
+const REMOTE_ONLY = ["protocol.allow=never", ...REMOTE_TRANSPORTS.map((transport) => `protocol.${transport}.allow=always`)];
+
 /** git run in an existing directory, with a clean environment: no prompt ever waits for a terminal. */
-function gitIn(cwd: string, env: Record<string, string>, config: string[] = []): SimpleGit {
-  // The credential helper and ssh command are always the worker's own (access.ts), never input.
-  return simpleGit({ baseDir: cwd, trimmed: false, config, unsafe: { allowUnsafeCredentialHelper: true, allowUnsafeSshCommand: true } }).env({
+export function gitIn(cwd: string, env: Record<string, string>, config: string[] = []): SimpleGit {
+  // The credential helper, ssh command and protocol settings are always the worker's own, never input.
+  const unsafe = { allowUnsafeCredentialHelper: true, allowUnsafeSshCommand: true, allowUnsafeProtocolOverride: true };
+  return simpleGit({ baseDir: cwd, trimmed: false, config: [...REMOTE_ONLY, ...config], unsafe }).env({
     PATH: process.env.PATH ?? "/usr/bin:/bin",
     HOME: process.env.HOME ?? "/",
     GIT_TERMINAL_PROMPT: "0",

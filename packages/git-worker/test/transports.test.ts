@@ -1,0 +1,70 @@
+import assert from "node:assert/strict";
+import * as fs from "node:fs/promises";
+import * as path from "node:path";
+import { test, type TestContext } from "node:test";
+import { createLogger } from "@git-csi/logging";
+import { RemoteAccess } from "../src/access";
+import { CredentialBroker } from "../src/broker";
+import { collectGarbage, rememberSource } from "../src/gc";
+import { fetchBranch } from "../src/remote";
+import { prepareTree } from "../src/stage";
+import { exists, Store, upstreamRef } from "../src/store";
+import { revParse } from "../src/tree";
+import { type ServedRemote, servedRemote, tempDir } from "./remote";
+
+const VOLUME = "pvc-transports";
+
+interface StagedNode {
+  store: Store;
+  access: RemoteAccess;
+  remote: ServedRemote;
+}
+
+/** A node's git store with one volume staged from a forge: its state directory holds that volume's repository. */
+async function stagedNode(t: TestContext): Promise<StagedNode> {
+  const remote = await servedRemote(t);
+  const stateDir = await tempDir(t, "node");
+  const store = new Store(stateDir);
+  const access = await RemoteAccess.open(undefined, store.volumeDir(VOLUME), store.socketDir(), new CredentialBroker(path.join(stateDir, "broker.sock")));
+  t.after(() => access.close());
+  // As the worker's prepare_tree does: the source first, then the tree.
+  const source = { url: remote.url, ref: "main" };
+  await rememberSource(store, VOLUME, source);
+  await prepareTree(store, VOLUME, source, access, false);
+  return { store, access, remote };
+}
+
+const REFUSED_TRANSPORT = /transport '(file|ext|nohelper)' not allowed/;
+
+test("git itself refuses a local path, file:// and helper transports in every git command the worker runs", async (t) => {
+  const { store, access, remote } = await stagedNode(t);
+  // What a volume of another tenant would name to read this one's repository, and the forge's own disk.
+  const neighbour = store.repoDir(remote.url);
+  const marker = path.join(store.stateDir, "ext-ran");
+  const urls = [neighbour, `file://${neighbour}`, remote.dir, `file://${remote.dir}`, `ext::sh -c touch% ${marker}`, "nohelper::anything"];
+  for (const url of urls) {
+    await store.ensureRepo(url);
+    await assert.rejects(
+      access.run((options) => fetchBranch(store.repo(url, options), "main")),
+      (err: Error) => REFUSED_TRANSPORT.test(err.message),
+      `a fetch from ${url}`,
+    );
+  }
+  // The volume's work tree and its scratch tree run git with the same settings.
+  await fs.mkdir(store.scratchDir(VOLUME), { recursive: true });
+  for (const [name, git] of [["tree", store.tree(remote.url, VOLUME)], ["scratch", store.scratch(VOLUME)]] as const) {
+    await assert.rejects(git.raw(["ls-remote", `file://${neighbour}`]), REFUSED_TRANSPORT, `ls-remote in the ${name}`);
+  }
+  assert.equal(await exists(marker), false, "ext:: ran its command");
+  // The forge's transport still reaches the remote.
+  remote.git("update-ref", "refs/heads/next", remote.git("rev-parse", "refs/heads/main"));
+  assert.equal(await access.run((options) => fetchBranch(store.repo(remote.url, options), "next")), "fetched");
+});
+
+test("the store's collection passes over a source recorded before its ref was refused as a branch name", async (t) => {
+  const { store, remote } = await stagedNode(t);
+  // A node that took "--help" for a branch remembered the source of the stage that tried it.
+  await rememberSource(store, "pvc-old", { url: remote.url, ref: "--help" });
+  await collectGarbage(store, createLogger("git-worker", "error"), (_repoDir, work) => work());
+  assert.notEqual(await revParse(store.repo(remote.url), upstreamRef("main")), "", "the staged volume's branch was collected");
+});
