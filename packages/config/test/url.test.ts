@@ -1,11 +1,8 @@
 import assert from "node:assert/strict";
-import { spawnSync } from "node:child_process";
-import * as fs from "node:fs";
-import * as os from "node:os";
-import * as path from "node:path";
-import { test } from "node:test";
+import { test, type TestContext } from "node:test";
 import fc from "fast-check";
 import { REMOTE_TRANSPORTS, remoteUrlProblem } from "../src";
+import { gitOutsideRepository, propertyRuns } from "./git";
 
 /**
  * The transport git itself picks for a remote URL, as the worker's fetch of
@@ -13,15 +10,13 @@ import { REMOTE_TRANSPORTS, remoteUrlProblem } from "../src";
  * use and stops before it connects anywhere. Undefined when git refuses the
  * URL before it picks one.
  */
-function gitTransport(url: string, cwd: string): string | undefined {
-  const result = spawnSync("git", ["-c", "protocol.allow=never", "-c", `remote.origin.url=${url}`, "ls-remote", "origin"], {
-    cwd,
-    env: { PATH: process.env.PATH, HOME: cwd, GIT_CEILING_DIRECTORIES: path.dirname(cwd), GIT_CONFIG_NOSYSTEM: "1", GIT_TERMINAL_PROMPT: "0" },
-    encoding: "utf8",
-    timeout: 10_000,
-  });
-  assert.notEqual(result.status, 0, `git reached ${JSON.stringify(url)} with every transport refused`);
-  return /transport '([^']*)' not allowed/.exec(result.stderr)?.[1];
+function transportOracle(t: TestContext): (url: string) => string | undefined {
+  const git = gitOutsideRepository(t);
+  return (url) => {
+    const result = git("-c", "protocol.allow=never", "-c", `remote.origin.url=${url}`, "ls-remote", "origin");
+    assert.notEqual(result.status, 0, `git reached ${JSON.stringify(url)} with every transport refused`);
+    return /transport '([^']*)' not allowed/.exec(result.stderr)?.[1];
+  };
 }
 
 const FORGE_URLS = [
@@ -58,11 +53,10 @@ const REFUSED: Array<[string, RegExp]> = [
 ];
 
 test("the URLs forges hand out are accepted, and git reaches each over one of the remote transports", (t) => {
-  const cwd = fs.mkdtempSync(path.join(os.tmpdir(), "url-test-"));
-  t.after(() => fs.rmSync(cwd, { recursive: true, force: true }));
+  const gitTransport = transportOracle(t);
   for (const url of FORGE_URLS) {
     assert.equal(remoteUrlProblem(url), undefined, url);
-    assert.ok((REMOTE_TRANSPORTS as readonly string[]).includes(gitTransport(url, cwd) ?? ""), url);
+    assert.ok((REMOTE_TRANSPORTS as readonly string[]).includes(gitTransport(url) ?? ""), url);
   }
 });
 
@@ -87,23 +81,20 @@ const GENERATED_URL = fc.oneof(
 );
 
 test("whatever URL the rule accepts, git reaches over ssh, git, http or https and never the node's files or a program", (t) => {
-  const cwd = fs.mkdtempSync(path.join(os.tmpdir(), "url-test-"));
-  t.after(() => fs.rmSync(cwd, { recursive: true, force: true }));
-  const seed = Number(process.env.FC_SEED ?? Date.now() % 2 ** 31);
-  const numRuns = 800;
-  t.diagnostic(`seed ${seed} numRuns ${numRuns}`);
+  const gitTransport = transportOracle(t);
+  const runs = propertyRuns(t, 800);
   const seen = { accepted: 0, refusedLocal: 0 };
   fc.assert(
     fc.property(GENERATED_URL, (url) => {
-      const transport = gitTransport(url, cwd);
+      const transport = gitTransport(url);
       const remote = transport !== undefined && (REMOTE_TRANSPORTS as readonly string[]).includes(transport);
       const accepted = remoteUrlProblem(url) === undefined;
       if (accepted) seen.accepted++;
       if (!accepted && !remote && transport !== undefined) seen.refusedLocal++;
       assert.ok(!accepted || remote, `${JSON.stringify(url)} is accepted, but git reaches it by transport ${transport}`);
     }),
-    { seed, numRuns },
+    runs,
   );
   t.diagnostic(`accepted ${seen.accepted}, refused ${seen.refusedLocal} that git would reach by another transport`);
-  assert.ok(seen.accepted > numRuns / 20 && seen.refusedLocal > numRuns / 20, JSON.stringify(seen));
+  assert.ok(seen.accepted > runs.numRuns / 20 && seen.refusedLocal > runs.numRuns / 20, JSON.stringify(seen));
 });
