@@ -4,7 +4,7 @@ import * as fs from "node:fs/promises";
 import * as path from "node:path";
 import { after, before, describe, test } from "node:test";
 import { status } from "@grpc/grpc-js";
-import { call, csi, CsiError } from "@git-csi/protos";
+import { call, csi, CsiError, dialUnix, gitcsi, gitWorker } from "@git-csi/protos";
 import { createVolume, type Driver, mountCapability, mountsUnder, sh, SINGLE_NODE_WRITER, stageAndPublish, startDriver, unpublishAndUnstage } from "../src/driver";
 import { type GitServer, startGitDaemon } from "../src/git-server";
 
@@ -23,11 +23,11 @@ async function snapshot(dir: string): Promise<Record<string, string>> {
   return out;
 }
 
-async function refused(promise: Promise<unknown>, code: status, fragment: string): Promise<void> {
+async function refused(promise: Promise<unknown>, code: status, fragments: string | string[]): Promise<void> {
   await assert.rejects(promise, (err: unknown) => {
     assert.ok(err instanceof CsiError, `expected a CsiError, got ${String(err)}`);
     assert.equal(status[err.code], status[code], err.message);
-    assert.ok(err.message.includes(fragment), `message ${JSON.stringify(err.message)} should name ${fragment}`);
+    for (const fragment of [fragments].flat()) assert.ok(err.message.includes(fragment), `message ${JSON.stringify(err.message)} should name ${fragment}`);
     return true;
   });
 }
@@ -181,7 +181,12 @@ describe("the spine: three services, the CSI surface, a real FUSE mount", () => 
     const modify = (r: Partial<csi.ControllerModifyVolumeRequest>) => call(driver.controller.controllerModifyVolume.bind(driver.controller), csi.ControllerModifyVolumeRequest.fromPartial(r), T);
     const ctx = { url, ref: "main" };
     const staging = path.join(driver.dir, "bad-staging");
-    const cases: Array<[string, () => Promise<unknown>, status, string]> = [
+    // The node's own store holds every volume's repository: a URL must never reach it.
+    const ownStore = path.join(driver.stateDir, "repos");
+    const refusedUrl = (field: string, value: string, why: string) => [`${field}.url ${JSON.stringify(value)} must be a remote git URL`, why];
+    const LOCAL = "a local path or file:// URL would read the node's own files";
+    const BRANCH = "must name a branch as git check-ref-format --branch accepts it";
+    const cases: Array<[string, () => Promise<unknown>, status, string | string[]]> = [
       ["stage without id", () => stage({ stagingTargetPath: staging, volumeCapability: cap, volumeContext: ctx }), status.INVALID_ARGUMENT, "volume_id is required"],
       ["stage with a path-like id", () => stage({ volumeId: "../etc", stagingTargetPath: staging, volumeCapability: cap, volumeContext: ctx }), status.INVALID_ARGUMENT, "volume_id \"../etc\" must be"],
       ["stage without staging path", () => stage({ volumeId: "bad", volumeCapability: cap, volumeContext: ctx }), status.INVALID_ARGUMENT, "staging_target_path is required"],
@@ -206,6 +211,23 @@ describe("the spine: three services, the CSI surface, a real FUSE mount", () => 
       ["create with a bad class parameter", () => create({ name: "bad", volumeCapabilities: [cap], parameters: ctx, mutableParameters: { "push.quiesce": "soon" } }), status.INVALID_ARGUMENT, "mutable_parameters: class parameter push.quiesce: \"soon\" is not a duration"],
       ["modify an unknown volume", () => modify({ volumeId: "no-such-volume", mutableParameters: { "push.quiesce": "5s" } }), status.NOT_FOUND, "volume no-such-volume does not exist"],
       ["modify with a bad class parameter", () => modify({ volumeId: "spine-write", mutableParameters: { "commit.author": "nobody" } }), status.INVALID_ARGUMENT, "class parameter commit.author: \"nobody\" is not Name <email>"],
+      ["create from a local path", () => create({ name: "bad", volumeCapabilities: [cap], parameters: { url: ownStore, ref: "main" } }), status.INVALID_ARGUMENT, refusedUrl("parameters", ownStore, LOCAL)],
+      ["create from file://", () => create({ name: "bad", volumeCapabilities: [cap], parameters: { url: `file://${ownStore}`, ref: "main" } }), status.INVALID_ARGUMENT, refusedUrl("parameters", `file://${ownStore}`, LOCAL)],
+      ["create from ext::", () => create({ name: "bad", volumeCapabilities: [cap], parameters: { url: "ext::sh -c id", ref: "main" } }), status.INVALID_ARGUMENT, refusedUrl("parameters", "ext::sh -c id", "ext:: is a helper transport")],
+      ["create with an option-shaped ref", () => create({ name: "bad", volumeCapabilities: [cap], parameters: { url, ref: "-x" } }), status.INVALID_ARGUMENT, `parameters.ref "-x" ${BRANCH}`],
+      ["create with a negative capacity", () => create({ name: "bad", volumeCapabilities: [cap], parameters: ctx, capacityRange: { requiredBytes: -1, limitBytes: 0 } }), status.INVALID_ARGUMENT, "capacity_range: required_bytes and limit_bytes must not be negative"],
+      ["stage from a local path", () => stage({ volumeId: "bad", stagingTargetPath: staging, volumeCapability: cap, volumeContext: { url: ownStore, ref: "main" } }), status.INVALID_ARGUMENT, refusedUrl("volume_context", ownStore, LOCAL)],
+      ["stage from file://", () => stage({ volumeId: "bad", stagingTargetPath: staging, volumeCapability: cap, volumeContext: { url: `file://${ownStore}`, ref: "main" } }), status.INVALID_ARGUMENT, refusedUrl("volume_context", `file://${ownStore}`, LOCAL)],
+      ["stage from ext::", () => stage({ volumeId: "bad", stagingTargetPath: staging, volumeCapability: cap, volumeContext: { url: "ext::sh -c id", ref: "main" } }), status.INVALID_ARGUMENT, refusedUrl("volume_context", "ext::sh -c id", "ext:: is a helper transport")],
+      ["stage from fd::", () => stage({ volumeId: "bad", stagingTargetPath: staging, volumeCapability: cap, volumeContext: { url: "fd::7", ref: "main" } }), status.INVALID_ARGUMENT, refusedUrl("volume_context", "fd::7", "fd:: is a helper transport")],
+      ["stage from an option-shaped URL", () => stage({ volumeId: "bad", stagingTargetPath: staging, volumeCapability: cap, volumeContext: { url: "--upload-pack=id", ref: "main" } }), status.INVALID_ARGUMENT, refusedUrl("volume_context", "--upload-pack=id", "would read as an option")],
+      ["stage an option-shaped ref", () => stage({ volumeId: "bad", stagingTargetPath: staging, volumeCapability: cap, volumeContext: { url, ref: "--help" } }), status.INVALID_ARGUMENT, `volume_context.ref "--help" ${BRANCH}`],
+      ["stage HEAD", () => stage({ volumeId: "bad", stagingTargetPath: staging, volumeCapability: cap, volumeContext: { url, ref: "HEAD" } }), status.INVALID_ARGUMENT, `volume_context.ref "HEAD" ${BRANCH}`],
+      ["stage with a Secret that is no credential", () => stage({ volumeId: "bad", stagingTargetPath: staging, volumeCapability: cap, volumeContext: ctx, secrets: { apikey: "v" } }), status.INVALID_ARGUMENT, "secrets: the volume's Secret has the keys apikey"],
+      ["stage with a staging path longer than Linux takes", () => stage({ volumeId: "bad", stagingTargetPath: `${staging}/${"n".repeat(256)}`, volumeCapability: cap, volumeContext: ctx }), status.INVALID_ARGUMENT, "staging_target_path"],
+      ["publish for a pod name that is none", () => publish({ volumeId: "bad", stagingTargetPath: staging, targetPath: path.join(driver.dir, "t"), volumeCapability: cap, volumeContext: { "csi.storage.k8s.io/pod.name": "../x" } }), status.INVALID_ARGUMENT, "volume_context.csi.storage.k8s.io/pod.name \"../x\" must be a pod name"],
+      ["delete another volume's record by a path-like id", () => call(driver.controller.deleteVolume.bind(driver.controller), { volumeId: "../provisioned/spine-write", secrets: {} }, T), status.INVALID_ARGUMENT, "volume_id \"../provisioned/spine-write\" must be"],
+      ["modify an unknown volume with a bad class parameter", () => modify({ volumeId: "no-such-volume", mutableParameters: { "push.quiesce": "soon" } }), status.INVALID_ARGUMENT, "mutable_parameters: class parameter push.quiesce"],
       ["validate without capabilities", () => call(driver.controller.validateVolumeCapabilities.bind(driver.controller), csi.ValidateVolumeCapabilitiesRequest.fromPartial({ volumeId: "spine-write" }), T), status.INVALID_ARGUMENT, "volume_capabilities is required"],
     ];
     for (const [name, request, code, fragment] of cases) {
@@ -213,6 +235,20 @@ describe("the spine: three services, the CSI surface, a real FUSE mount", () => 
     }
     assert.deepEqual(await snapshot(driver.stateDir), before);
     await assert.rejects(fs.stat(staging), { code: "ENOENT" });
+    // No stage got as far as the mount owner, which writes the session record first.
+    await assert.rejects(fs.stat(`${staging}.rwo-session`), { code: "ENOENT" });
+  });
+
+  test("the git worker's own socket refuses a local URL or a ref that is no branch before it writes anything", async (t) => {
+    const worker = dialUnix(gitWorker.GitWorkerClient, `unix://${path.join(driver.stateDir, "sockets", "git-worker.sock")}`);
+    t.after(() => worker.close());
+    const before = await snapshot(driver.stateDir);
+    const mount = { node: "e2e-node", epoch: "e1", accessMode: gitcsi.AccessMode.READ_WRITE_ONCE, leaseMs: 90_000, continues: false };
+    const prepare = (source: gitcsi.VolumeSource) => call(worker.prepareTree.bind(worker), gitWorker.PrepareTreeRequest.fromPartial({ volumeId: "worker-direct", source, mount }), T);
+    const ownStore = `file://${path.join(driver.stateDir, "repos")}`;
+    await refused(prepare({ url: ownStore, ref: "main" }), status.INVALID_ARGUMENT, `volume_context.url ${JSON.stringify(ownStore)} must be a remote git URL`);
+    await refused(prepare({ url, ref: "--help" }), status.INVALID_ARGUMENT, 'volume_context.ref "--help" must name a branch');
+    assert.deepEqual(await snapshot(driver.stateDir), before);
   });
 
   test("ControllerModifyVolume applies the class to the volume in standalone mode", async () => {

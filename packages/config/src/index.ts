@@ -6,3 +6,4 @@ export * from "./ref";
 export * from "./events";
 export * from "./absent";
 export * from "./url";
+export * from "./credential";

@@ -1,4 +1,5 @@
 import { csi, gitcsi, invalidArgument } from "@git-csi/protos";
+import { quoted } from "./validate";
 
 const Mode = csi.VolumeCapability_AccessMode_Mode;
 
@@ -9,7 +10,7 @@ const SUPPORTED =
 export function accessModeOf(capability: csi.VolumeCapability, field: string): gitcsi.AccessMode {
   if (capability.block) throw invalidArgument(`${field}.block: raw block volumes are not served; ${SUPPORTED}`);
   if (!capability.mount) throw invalidArgument(`${field}.access_type is required; ${SUPPORTED}`);
-  if (capability.mount.fsType !== "") throw invalidArgument(`${field}.mount.fs_type ${JSON.stringify(capability.mount.fsType)}: a git volume has no filesystem type; ${SUPPORTED}`);
+  if (capability.mount.fsType !== "") throw invalidArgument(`${field}.mount.fs_type ${quoted(capability.mount.fsType)}: a git volume has no filesystem type; ${SUPPORTED}`);
   if (capability.mount.mountFlags.length > 0) throw invalidArgument(`${field}.mount.mount_flags: mount flags are not supported; ${SUPPORTED}`);
   const mode = capability.accessMode?.mode;
   switch (mode) {
@@ -66,7 +67,7 @@ export function accessModeOfPersistentVolume(accessModes: string[]): gitcsi.Acce
 export function checkContextMode(context: Record<string, string>, requested: gitcsi.AccessMode): void {
   const recorded = context[ACCESS_MODE_KEY];
   if (recorded === undefined) return;
-  if (MODE_NAMES[recorded] === undefined) throw invalidArgument(`volume_context.${ACCESS_MODE_KEY} ${JSON.stringify(recorded)} must be ReadWriteOncePod or ReadWriteOnce`);
+  if (MODE_NAMES[recorded] === undefined) throw invalidArgument(`volume_context.${ACCESS_MODE_KEY} ${quoted(recorded)} must be ReadWriteOncePod or ReadWriteOnce`);
   if (MODE_NAMES[recorded] !== requested) {
     throw invalidArgument(`volume_capability asks for ${accessModeName(requested)} but the volume was created ${recorded}; its access mode cannot change`);
   }

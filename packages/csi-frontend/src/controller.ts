@@ -1,7 +1,7 @@
 import { findPersistentVolume, type KubeConfig } from "@git-csi/k8s";
 import type { Logger } from "@git-csi/logging";
 import { status } from "@grpc/grpc-js";
-import { call, CsiError, csi, type gitcsi, invalidArgument, type mountOwner, required, unary, unavailable } from "@git-csi/protos";
+import { call, CsiError, csi, type gitcsi, invalidArgument, type mountOwner, unary, unavailable } from "@git-csi/protos";
 import { ACCESS_MODE_KEY, accessModeName, accessModeOf, accessModeOfAll, accessModeOfPersistentVolume, capabilityOf } from "./capabilities";
 import { checkClassParameters, sourceOf, volumeIdOf } from "./validate";
 
@@ -54,6 +54,7 @@ export function controllerService(owner: mountOwner.MountOwnerClient, logger: Lo
       const source = sourceOf(userParameters, "parameters");
       checkClassParameters(request.mutableParameters, "mutable_parameters");
       const range = request.capacityRange;
+      if (range && (range.requiredBytes < 0 || range.limitBytes < 0)) throw invalidArgument("capacity_range: required_bytes and limit_bytes must not be negative");
       if (range && range.limitBytes > 0 && range.requiredBytes > range.limitBytes) {
         throw invalidArgument(`capacity_range.required_bytes ${range.requiredBytes} exceeds limit_bytes ${range.limitBytes}`);
       }
@@ -75,7 +76,8 @@ export function controllerService(owner: mountOwner.MountOwnerClient, logger: Lo
 
     // The remote repository is never deleted: only the controller's record goes.
     deleteVolume: unary("delete_volume", logger, async (request: csi.DeleteVolumeRequest) => {
-      const volumeId = required(request.volumeId, "volume_id");
+      // The id names files under the node's state directory: "../x" would name another volume's.
+      const volumeId = volumeIdOf(request.volumeId);
       await call(owner.deleteVolume.bind(owner), { volumeId }, TIMEOUT_MS);
       return {};
     }),
@@ -102,8 +104,8 @@ export function controllerService(owner: mountOwner.MountOwnerClient, logger: Lo
 
     controllerModifyVolume: unary("controller_modify_volume", logger, async (request: csi.ControllerModifyVolumeRequest) => {
       const volumeId = volumeIdOf(request.volumeId);
-      const volume = await getVolume(volumeId);
       checkClassParameters(request.mutableParameters, "mutable_parameters");
+      const volume = await getVolume(volumeId);
       // Without a record there is nothing to keep: the nodes learn the claim's class from the API.
       if (volume.recorded) await call(owner.modifyVolume.bind(owner), { volumeId, classParameters: request.mutableParameters }, TIMEOUT_MS);
       return {};

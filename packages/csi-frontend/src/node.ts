@@ -1,22 +1,11 @@
 import type { Logger } from "@git-csi/logging";
-import { call, csi, type gitcsi, type mountOwner, unary } from "@git-csi/protos";
+import { call, csi, type mountOwner, unary } from "@git-csi/protos";
 import { checkContextMode, requiredCapability } from "./capabilities";
-import { absolutePath, sourceOf, volumeIdOf } from "./validate";
+import { absolutePath, credentialFrom, podOf, sourceOf, volumeIdOf } from "./validate";
 
 /** Staging clones or fetches: it may take as long as the repository needs. */
 const STAGE_TIMEOUT_MS = 10 * 60_000;
 const TIMEOUT_MS = 60_000;
-
-/** The kubelet's podInfoOnMount keys. */
-function podOf(context: Record<string, string>): gitcsi.Pod | undefined {
-  const name = context["csi.storage.k8s.io/pod.name"];
-  if (!name) return undefined;
-  return { name, namespace: context["csi.storage.k8s.io/pod.namespace"] ?? "", uid: context["csi.storage.k8s.io/pod.uid"] ?? "" };
-}
-
-function credentialOf(secrets: Record<string, string>): gitcsi.Credential | undefined {
-  return Object.keys(secrets).length > 0 ? { data: secrets } : undefined;
-}
 
 export function nodeService(nodeId: string, owner: mountOwner.MountOwnerClient, logger: Logger): Partial<csi.NodeServer> {
   return {
@@ -32,7 +21,8 @@ export function nodeService(nodeId: string, owner: mountOwner.MountOwnerClient, 
       const accessMode = requiredCapability(request.volumeCapability, "volume_capability");
       checkContextMode(request.volumeContext, accessMode);
       const source = sourceOf(request.volumeContext, "volume_context");
-      await call(owner.stageVolume.bind(owner), { volumeId, stagingPath, source, accessMode, credential: credentialOf(request.secrets) }, STAGE_TIMEOUT_MS);
+      const credential = credentialFrom(request.secrets, "secrets");
+      await call(owner.stageVolume.bind(owner), { volumeId, stagingPath, source, accessMode, credential }, STAGE_TIMEOUT_MS);
       return {};
     }),
 
@@ -49,9 +39,11 @@ export function nodeService(nodeId: string, owner: mountOwner.MountOwnerClient, 
       const stagingPath = absolutePath(request.stagingTargetPath, "staging_target_path");
       const accessMode = requiredCapability(request.volumeCapability, "volume_capability");
       checkContextMode(request.volumeContext, accessMode);
+      const pod = podOf(request.volumeContext, "volume_context");
+      const credential = credentialFrom(request.secrets, "secrets");
       await call(
         owner.publishVolume.bind(owner),
-        { volumeId, stagingPath, targetPath, readonly: request.readonly, accessMode, credential: credentialOf(request.secrets), pod: podOf(request.volumeContext) },
+        { volumeId, stagingPath, targetPath, readonly: request.readonly, accessMode, credential, pod },
         TIMEOUT_MS,
       );
       return {};

@@ -2,9 +2,8 @@ import { type ChildProcess, spawn } from "node:child_process";
 import { randomBytes } from "node:crypto";
 import * as fs from "node:fs/promises";
 import * as path from "node:path";
-import { orAbsent } from "@git-csi/config";
+import { type GitCredential, orAbsent } from "@git-csi/config";
 import type { CredentialBroker } from "./broker";
-import type { GitCredential } from "./credential";
 
 /** What a git command that talks to the remote needs: -c settings and environment. */
 export interface RemoteOptions {
