@@ -132,9 +132,17 @@ function gitAt(dir: string, env: Record<string, string>, config: string[] = []):
  * Only the transports forges serve, in git's own configuration of every
  * command the worker runs: a remote URL, a redirect or a submodule that names
  * a local path, file://, ext:: or another helper transport is refused by git
- * too, not only by the CSI frontend's check of the volume's URL.
+ * too, not only by the CSI frontend's check of the volume's URL. file and ext
+ * are named as well: a protocol.file.allow=always in a user's or the system's
+ * configuration (common since git made submodules ask for it) would win over
+ * protocol.allow.
  */
-const REMOTE_ONLY = ["protocol.allow=never", ...REMOTE_TRANSPORTS.map((transport) => `protocol.${transport}.allow=always`)];
+const REMOTE_ONLY = [
+  "protocol.allow=never",
+  "protocol.file.allow=never",
+  "protocol.ext.allow=never",
+  ...REMOTE_TRANSPORTS.map((transport) => `protocol.${transport}.allow=always`),
+];
 
 /** git run in an existing directory, with a clean environment: no prompt ever waits for a terminal. */
 export function gitIn(cwd: string, env: Record<string, string>, config: string[] = []): SimpleGit {

@@ -56,6 +56,19 @@ test("git itself refuses a local path, file:// and helper transports in every gi
     await assert.rejects(git.raw(["ls-remote", `file://${neighbour}`]), REFUSED_TRANSPORT, `ls-remote in the ${name}`);
   }
   assert.equal(await exists(marker), false, "ext:: ran its command");
+  // A user's configuration that allows file and ext, as many developers' does, changes nothing.
+  const home = await tempDir(t, "home");
+  await fs.writeFile(path.join(home, ".gitconfig"), "[protocol \"file\"]\n\tallow = always\n[protocol \"ext\"]\n\tallow = always\n");
+  const ownHome = process.env.HOME;
+  process.env.HOME = home;
+  try {
+    for (const url of [`file://${neighbour}`, `ext::sh -c touch% ${marker}`]) {
+      await assert.rejects(access.run((options) => fetchBranch(store.repo(url, options), "main")), REFUSED_TRANSPORT, `with file and ext allowed in ~/.gitconfig, a fetch from ${url}`);
+    }
+  } finally {
+    process.env.HOME = ownHome;
+  }
+  assert.equal(await exists(marker), false, "ext:: ran its command");
   // The forge's transport still reaches the remote.
   remote.git("update-ref", "refs/heads/next", remote.git("rev-parse", "refs/heads/main"));
   assert.equal(await access.run((options) => fetchBranch(store.repo(remote.url, options), "next")), "fetched");
