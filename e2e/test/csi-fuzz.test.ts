@@ -277,7 +277,11 @@ test("generated CSI requests: each answer is a success or a status naming the fi
   await server.createRepo("other.git");
   // Leases long enough that no renewal writes to the remote while the property runs.
   const driver = await startDriver({ lease: { duration: "1h", renewInterval: "30m" } });
-  t.after(() => driver.stop());
+  t.after(async () => {
+    await driver.stop();
+    // Generated names are many and long; the node's directory goes with the test.
+    await fs.rm(driver.dir, { recursive: true, force: true });
+  });
   const url = server.url("fuzz.git");
   // The node's own bare repository of fuzz.git, as git-worker's Store names it: another tenant's data.
   const ownRepository = path.join(driver.stateDir, "repos", `${createHash("sha256").update(url).digest("hex").slice(0, 16)}.git`);
