@@ -7,6 +7,7 @@ import { DriverMetrics, serveMetrics } from "@git-csi/metrics";
 import { gitWorker, serveUnix, stopServer } from "@git-csi/protos";
 import * as path from "node:path";
 import { endOrphanedAgents } from "./access";
+import { recoverFromKill } from "./recover";
 import { CredentialBroker } from "./broker";
 import { collectGarbage } from "./gc";
 import { gitWorkerService, type Syncs } from "./service";
@@ -38,6 +39,10 @@ async function main(): Promise<void> {
   const syncs: Syncs = new Map();
   const orphans = await endOrphanedAgents(store.socketDir());
   if (orphans > 0) logger.warn(`ended ${orphans} ssh-agent(s) a previous git worker left holding keys`, { operation: "startup" });
+  const recovered = await recoverFromKill(store);
+  if (recovered.ended > 0 || recovered.locks.length > 0) {
+    logger.warn(`a previous git worker was killed: ended ${recovered.ended} git process(es) it left and removed ${recovered.locks.length} lock file(s)`, { operation: "startup", locks: recovered.locks });
+  }
   const broker = new CredentialBroker(path.join(store.socketDir(), "credentials.sock"));
   await broker.start();
   const perRepository = new KeyedSerial();
