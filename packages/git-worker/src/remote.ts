@@ -46,6 +46,13 @@ function fetch(repo: SimpleGit, refspecs: string[]): Promise<string> {
   return repo.raw(["fetch", "--quiet", "--prune", "--no-tags", "--no-write-fetch-head", "origin", ...refspecs]);
 }
 
+/**
+ * git's words for a compare-and-swap that lost: refused by the client from
+ * its view, or by the server, which found the ref moved since (a race the
+ * client could not see: "cannot lock ref … is at X but expected Y").
+ */
+const REF_MOVED = /\[rejected\]|non-fast-forward|fetch first|\(stale info\)|atomic push failed|cannot lock ref '[^']+': is at [0-9a-f]+ but expected/;
+
 export type PushResult = { outcome: "pushed" } | { outcome: "rejected"; message: string } | { outcome: "failed"; message: string };
 
 /**
@@ -79,7 +86,7 @@ export async function pushUpdates(repo: SimpleGit, updates: RefUpdate[]): Promis
     await repo.raw(["push", "--porcelain", ...(updates.length > 1 ? ["--atomic"] : []), ...leases, "origin", ...refspecs]);
   } catch (err) {
     const message = messageOf(err);
-    if (/\[rejected\]|non-fast-forward|fetch first|\(stale info\)|atomic push failed/.test(message)) return { outcome: "rejected", message };
+    if (REF_MOVED.test(message)) return { outcome: "rejected", message };
     return { outcome: "failed", message };
   }
   for (const u of updates) await repo.raw(u.next === "" ? ["update-ref", "-d", u.seen] : ["update-ref", u.seen, u.next]);
