@@ -705,23 +705,47 @@ export class VolumeSync {
     }
   }
 
-  /** The rebased commit, or undefined when the rebase conflicted (and was aborted). */
+  /**
+   * The rebased commit, or undefined when the rebase conflicted (and was
+   * aborted). Any other failure is git's error, never taken for a conflict.
+   */
   private async rebaseInScratch(head: string, onto: string): Promise<string | undefined> {
-    const scratch = this.ctx.store.scratchDir(this.ctx.volumeId);
-    if (!(await fs.stat(scratch).then(() => true, () => false))) {
-      await fs.mkdir(path.dirname(scratch), { recursive: true });
-      await this.repo.raw(["worktree", "add", "--quiet", "--detach", "--force", scratch, head]);
-    }
-    const git = this.ctx.store.scratch(this.ctx.volumeId, this.authorEnv());
-    await git.raw(["rebase", "--abort"]).catch(() => undefined);
-    await git.raw(["checkout", "--quiet", "--force", "--detach", head]);
+    const git = await this.scratchAt(head);
     try {
-      await git.raw(["rebase", "--quiet", onto]);
-    } catch {
-      await git.raw(["rebase", "--abort"]).catch(() => undefined);
+      await runGit(git, ["rebase", "--quiet", onto]);
+    } catch (err) {
+      // Not a conflict: the next scratchAt aborts what is left, or makes the scratch again.
+      if ((await runGit(git, ["diff", "--name-only", "--diff-filter=U"])).trim() === "") throw err;
+      await runGit(git, ["rebase", "--abort"]);
       return undefined;
     }
     return revParse(git, "HEAD");
+  }
+
+  /**
+   * The scratch worktree, checked out at head with no rebase in progress. It
+   * holds nothing of its own, so one a killed worker left broken (a rebase
+   * half done, a lock) is made again rather than trusted.
+   */
+  private async scratchAt(head: string): Promise<SimpleGit> {
+    const scratch = this.ctx.store.scratchDir(this.ctx.volumeId);
+    // simple-git wants its directory to exist when it is made.
+    const git = () => this.ctx.store.scratch(this.ctx.volumeId, this.authorEnv());
+    if (await orAbsent(fs.stat(scratch))) {
+      try {
+        await runGit(git(), ["rebase", "--abort"]).catch((err: Error) => {
+          if (!/no rebase in progress/i.test(err.message)) throw err;
+        });
+        await runGit(git(), ["checkout", "--quiet", "--force", "--detach", head]);
+        return git();
+      } catch (err) {
+        this.ctx.logger.warn(`the scratch worktree is made again: ${(err as Error).message}`, { volume: this.ctx.volumeId, operation: "rebase" });
+        await fs.rm(scratch, { recursive: true, force: true });
+      }
+    }
+    await fs.mkdir(path.dirname(scratch), { recursive: true });
+    await runGit(this.repo, ["worktree", "add", "--quiet", "--detach", "--force", scratch, head]);
+    return git();
   }
 
   private async moveToSideBranch(why: string): Promise<void> {
