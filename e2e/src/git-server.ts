@@ -13,7 +13,7 @@
 
 import { spawn, type ChildProcess } from "node:child_process";
 import { readdirSync, readFileSync } from "node:fs";
-import { mkdtemp, mkdir, rm } from "node:fs/promises";
+import { mkdtemp, mkdir, rm, writeFile } from "node:fs/promises";
 import * as net from "node:net";
 import * as os from "node:os";
 import * as path from "node:path";
@@ -331,7 +331,13 @@ export function killProcessTreeSync(pid: number): void {
   signal(pid, "SIGKILL");
 }
 
-export async function startGitDaemon(): Promise<GitServer> {
+/** A git daemon that can also be taken down and brought back on its port: a remote that is away for a while. */
+export interface GitDaemon extends GitServer {
+  down(): Promise<void>;
+  up(): Promise<void>;
+}
+
+export async function startGitDaemon(): Promise<GitDaemon> {
   const tmpRoot = await mkdtemp(path.join(os.tmpdir(), "git-csi-gitd-"));
   const baseDir = path.join(tmpRoot, "repos");
   const workDir = path.join(tmpRoot, "work");
@@ -354,54 +360,72 @@ export async function startGitDaemon(): Promise<GitServer> {
   const onExit = () => killGroup("SIGKILL");
   process.once("exit", onExit);
 
+  /** Starts the daemon on the port; true once it answers a git request. */
+  const launch = async (): Promise<boolean> => {
+    exited = false;
+    stderrTail = "";
+    const child = spawn(
+      "git",
+      [
+        "daemon",
+        "--listen=127.0.0.1",
+        `--port=${port}`,
+        "--export-all",
+        "--enable=receive-pack",
+        `--base-path=${baseDir}`,
+        "--reuseaddr",
+        "--informative-errors",
+        "--verbose",
+        baseDir,
+      ],
+      { env: gitEnv(), stdio: ["ignore", "ignore", "pipe"], detached: true },
+    );
+    daemon = child;
+    child.stderr?.on("data", (b: Buffer) => {
+      stderrTail = (stderrTail + b.toString("utf8")).slice(-8192);
+    });
+    child.on("exit", () => {
+      if (daemon === child) exited = true;
+    });
+    child.on("error", (e) => {
+      if (daemon === child) exited = true;
+      stderrTail += `\nspawn error: ${e.message}`;
+    });
+
+    // Ready when the daemon answers a git request: either success or a
+    // remote error for the non-existent probe path (not "connection refused").
+    const deadline = Date.now() + 10_000;
+    while (!exited && Date.now() < deadline) {
+      const r = await runGitRaw(["ls-remote", `git://127.0.0.1:${port}/.ready-probe`], { timeoutMs: 5_000 });
+      if (r.code === 0 || /remote error|not exported|no such repository/i.test(r.stderr)) return !exited;
+      await sleep(50);
+    }
+    killGroup("SIGKILL");
+    daemon = undefined;
+    return false;
+  };
+
+  /** Stops the daemon and every connection it serves. */
+  const halt = async () => {
+    const d = daemon;
+    if (!d || exited) return;
+    const gone = new Promise<void>((r) => d.once("exit", () => r()));
+    killGroup("SIGTERM");
+    const t = setTimeout(() => killGroup("SIGKILL"), 3_000);
+    await gone;
+    clearTimeout(t);
+    // per-connection children share the group; make sure none linger
+    try {
+      process.kill(-(d.pid as number), "SIGKILL");
+    } catch {
+      /* none left */
+    }
+  };
+
   try {
     for (let attempt = 1; ; attempt++) {
       port = await freePort();
-      exited = false;
-      stderrTail = "";
-      const child = spawn(
-        "git",
-        [
-          "daemon",
-          "--listen=127.0.0.1",
-          `--port=${port}`,
-          "--export-all",
-          "--enable=receive-pack",
-          `--base-path=${baseDir}`,
-          "--reuseaddr",
-          "--informative-errors",
-          "--verbose",
-          baseDir,
-        ],
-        { env: gitEnv(), stdio: ["ignore", "ignore", "pipe"], detached: true },
-      );
-      daemon = child;
-      child.stderr?.on("data", (b: Buffer) => {
-        stderrTail = (stderrTail + b.toString("utf8")).slice(-8192);
-      });
-      child.on("exit", () => {
-        if (daemon === child) exited = true;
-      });
-      child.on("error", (e) => {
-        if (daemon === child) exited = true;
-        stderrTail += `\nspawn error: ${e.message}`;
-      });
-
-      // Ready when the daemon answers a git request: either success or a
-      // remote error for the non-existent probe path (not "connection refused").
-      const deadline = Date.now() + 10_000;
-      let ready = false;
-      while (!exited && Date.now() < deadline) {
-        const r = await runGitRaw(["ls-remote", `git://127.0.0.1:${port}/.ready-probe`], { timeoutMs: 5_000 });
-        if (r.code === 0 || /remote error|not exported|no such repository/i.test(r.stderr)) {
-          ready = true;
-          break;
-        }
-        await sleep(50);
-      }
-      if (ready && !exited) break;
-      killGroup("SIGKILL");
-      daemon = undefined;
+      if (await launch()) break;
       if (attempt >= 5) {
         throw new Error(`git daemon did not become ready on 127.0.0.1:${port}: ${stderrTail.trim()}`);
       }
@@ -415,33 +439,39 @@ export async function startGitDaemon(): Promise<GitServer> {
   const ops = bareRepoOps(baseDir, workDir);
 
   let stopped = false;
-  const server: GitServer = {
+  const server: GitDaemon = {
     ...ops,
     port,
     url(repo) {
       checkRepoName(repo);
       return `git://127.0.0.1:${port}/${repo}`;
     },
+    down: halt,
+    async up() {
+      if (!(await launch())) throw new Error(`git daemon did not come back on 127.0.0.1:${port}: ${stderrTail.trim()}`);
+    },
     async stop() {
       if (stopped) return;
       stopped = true;
       process.removeListener("exit", onExit);
-      const d = daemon;
-      if (d && !exited) {
-        const gone = new Promise<void>((r) => d.once("exit", () => r()));
-        killGroup("SIGTERM");
-        const t = setTimeout(() => killGroup("SIGKILL"), 3_000);
-        await gone;
-        clearTimeout(t);
-        // per-connection children share the group; make sure none linger
-        try {
-          process.kill(-(d.pid as number), "SIGKILL");
-        } catch {
-          /* none left */
-        }
-      }
+      await halt();
       await rm(tmpRoot, { recursive: true, force: true });
     },
   };
   return server;
+}
+
+/** A real push failure: the server's pre-receive hook declines every push to a branch until it is removed. */
+export async function refusePushes(server: Pick<GitServer, "repoPath">, repo: string): Promise<() => Promise<void>> {
+  const hook = path.join(server.repoPath(repo), "hooks", "pre-receive");
+  await mkdir(path.dirname(hook), { recursive: true });
+  // A protected branch, as a forge has: the branches refuse pushes; the driver's own refs (the owner ref's release) do not.
+  const script = `#!/bin/sh
+while read old new ref; do
+  case "$ref" in refs/heads/*) echo 'the forge is read-only for this test' >&2; exit 1;; esac
+done
+exit 0
+`;
+  await writeFile(hook, script, { mode: 0o755 });
+  return () => rm(hook);
 }

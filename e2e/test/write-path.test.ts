@@ -20,7 +20,7 @@ import {
   unpublishAndUnstage,
   waitFor,
 } from "../src/driver";
-import { type BareRepoOps, runGit, startGitDaemon } from "../src/git-server";
+import { type BareRepoOps, refusePushes, runGit, startGitDaemon } from "../src/git-server";
 import { startHttpGitServer } from "../src/http-server";
 import { startSshGitServer } from "../src/ssh-server";
 
@@ -60,21 +60,6 @@ async function remoteHas(server: GitServer, repo: string, ref: string): Promise<
 }
 
 const FAST = { "push.quiesce": "1s", "push.maxLatency": "1m" };
-
-/** A real push failure: the server's pre-receive hook declines every push to a branch until it is removed. */
-async function refusePushes(server: GitServer, repo: string): Promise<() => Promise<void>> {
-  const hook = path.join(server.repoPath(repo), "hooks", "pre-receive");
-  await fs.mkdir(path.dirname(hook), { recursive: true });
-  // A protected branch, as a forge has: the branches refuse pushes; the driver's own refs (the owner ref's release) do not.
-  const script = `#!/bin/sh
-while read old new ref; do
-  case "$ref" in refs/heads/*) echo 'the forge is read-only for this test' >&2; exit 1;; esac
-done
-exit 0
-`;
-  await fs.writeFile(hook, script, { mode: 0o755 });
-  return () => fs.rm(hook);
-}
 
 for (const transport of TRANSPORTS) describe(`what happens after a write, over ${transport.name}`, () => {
   let server: GitServer;
@@ -261,6 +246,27 @@ for (const transport of TRANSPORTS) describe(`what happens after a write, over $
     assert.equal((await sh(`wc -c < '${volume.targetPath}/uncommitted.bin'`)).trim(), "4096");
     const r = await report(driver, volume.volumeId);
     assert.ok(reasons(r).includes("GitVolumeRebased"), reasons(r).join());
+    assert.equal(r.sideBranch, "");
+    assert.equal(await remoteHas(server, repo, `main.${volume.volumeId}`), false);
+    await unpublishAndUnstage(driver, volume);
+  });
+
+  test("a rebase a killed git worker left half done is cleared, never taken for a conflict", async () => {
+    const { repo, volume } = await volumeOn();
+    await setVolumeClass(driver, volume.volumeId, FAST);
+    await server.commitFiles(repo, { "first-upstream.txt": "1\n" });
+    await sh(`echo a > '${volume.targetPath}/a.txt'`);
+    await waitFor("a.txt pushed after a rebase", () => remoteFile(server, repo, "main", "a.txt"));
+    // What a worker killed during a rebase leaves in the scratch worktree's git directory.
+    const repos = path.join(driver.stateDir, "repos");
+    const admins = await Promise.all((await fs.readdir(repos)).map(async (r) => path.join(repos, r, "worktrees", `${volume.volumeId}.rebase`)));
+    const admin = (await Promise.all(admins.map(async (a) => ((await fs.stat(a).catch(() => undefined)) ? a : undefined)))).find(Boolean)!;
+    await fs.mkdir(path.join(admin, "rebase-merge"));
+    await fs.writeFile(path.join(admin, "rebase-merge", "head-name"), "detached HEAD\n");
+    await server.commitFiles(repo, { "second-upstream.txt": "2\n" });
+    await sh(`echo b > '${volume.targetPath}/b.txt'`);
+    await waitFor("b.txt pushed after a second rebase", () => remoteFile(server, repo, "main", "b.txt"));
+    const r = await report(driver, volume.volumeId);
     assert.equal(r.sideBranch, "");
     assert.equal(await remoteHas(server, repo, `main.${volume.volumeId}`), false);
     await unpublishAndUnstage(driver, volume);
