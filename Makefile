@@ -6,10 +6,10 @@ SHELL := /bin/bash
 PNPM_VERSION := 10.34.9
 CSI_TEST_VERSION := v5.4.0
 HELM_VERSION := v3.21.4
-# Debian packages: FUSE (libfuse2 for fuse-native, fuse3 for fusermount3),
-# bindfs for the benchmark baseline, protoc with the well-known protos, and
-# real servers for the tests.
-APT_PACKAGES := libfuse2 fuse3 bindfs protobuf-compiler libprotobuf-dev git openssh-server openssh-client lighttpd util-linux procps python3 prometheus openssl
+# Debian packages: FUSE (libfuse3-dev and a C compiler for the mount owner's
+# addon, fuse3 for fusermount3), bindfs for the benchmark baseline, protoc with
+# the well-known protos, and real servers for the tests.
+APT_PACKAGES := libfuse3-dev fuse3 gcc make pkg-config bindfs protobuf-compiler libprotobuf-dev git openssh-server openssh-client lighttpd util-linux procps python3 prometheus openssl
 
 CACHE := $(CURDIR)/.cache
 GOBIN := $(CACHE)/bin

@@ -181,7 +181,7 @@ export async function mountsUnder(dir: string): Promise<string[]> {
     .filter((mountPoint) => mountPoint === dir || mountPoint.startsWith(`${dir}/`));
 }
 
-/** A shell command in another process: the test process never touches a FUSE mount it could deadlock on. */
+/** A shell command in another process, as an application would run it. */
 export async function sh(script: string, env: Record<string, string> = {}): Promise<string> {
   const { stdout } = await run("sh", ["-c", script], { env: { ...process.env, ...env } });
   return stdout;

@@ -4,9 +4,8 @@ import { ClassWatch, kubeConfigIfAny } from "@git-csi/k8s";
 import { createLogger, logLifecycle } from "@git-csi/logging";
 import { OperationMetrics, serveMetrics } from "@git-csi/metrics";
 import { dialUnix, gitWorker, mountOwner, serveUnix, stopServer } from "@git-csi/protos";
-import { fuseNative } from "./fuse/fuse-native";
+import { mountFuse } from "./fuse/binding";
 import { fuseSource } from "./mounts";
-import { createPassthrough } from "./fuse/passthrough";
 import { createMountOwner } from "./service";
 import { State } from "./state";
 
@@ -42,8 +41,7 @@ async function main(): Promise<void> {
     logger,
     metrics,
     lease: { durationMs, renewMs },
-    mountTree: (volumeId, treePath, stagingPath, checkEpoch) =>
-      fuseNative.mount({ mountpoint: stagingPath, fsname: fuseSource(volumeId), ops: createPassthrough(treePath, { beforeOperation: checkEpoch }) }),
+    mountTree: async (volumeId, treePath, stagingPath, epoch) => mountFuse({ mountpoint: stagingPath, backing: treePath, fsname: fuseSource(volumeId), epoch }),
   });
   const metricsServer = flags["metrics-address"] ? await serveMetrics(flags["metrics-address"], metrics) : undefined;
   // No CSI call carries a claim's VolumeAttributesClass to a node: the node learns it from the API.

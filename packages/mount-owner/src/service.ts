@@ -17,7 +17,7 @@ import {
   unary,
   unavailable,
 } from "@git-csi/protos";
-import { FuseError } from "./fuse/binding";
+import type { EpochFence } from "./fuse/binding";
 import { bindMount, fuseSource, isMountPoint, readMountTable, unmountAll } from "./mounts";
 import { newSession, readSession, removeSession, writeSession } from "./session";
 import type { State, VolumeRecord } from "./state";
@@ -25,6 +25,10 @@ import type { State, VolumeRecord } from "./state";
 /** A staged volume's FUSE session, as the mount owner holds it. */
 export interface StagedMount {
   unmount(): Promise<void>;
+  /** A renewal moved the lease's end. */
+  serveUntil(ms: number): void;
+  /** Every operation of the mount answers EIO from now on, its kernel caches dropped. */
+  fence(): void;
 }
 
 export interface MountOwnerDeps {
@@ -38,10 +42,11 @@ export interface MountOwnerDeps {
   /** Spec 000's lease: 90 s from the record's time, renewed every 20 s. */
   lease: { durationMs: number; renewMs: number };
   /**
-   * Serves the volume's work tree through FUSE at the staging path;
-   * checkEpoch runs before every operation and throws to refuse it.
+   * Serves the volume's work tree through FUSE at the staging path; the
+   * server refuses every operation itself once the epoch's lease ran out or
+   * the mount was fenced, and tells `epoch.onFenced`.
    */
-  mountTree(volumeId: string, treePath: string, stagingPath: string, checkEpoch: () => void): Promise<StagedMount>;
+  mountTree(volumeId: string, treePath: string, stagingPath: string, epoch: EpochFence): Promise<StagedMount>;
 }
 
 /** A staged volume's FUSE session, its mount epoch, and the git worker instance that watches its tree. */
@@ -152,10 +157,10 @@ export function createMountOwner(deps: MountOwnerDeps): MountOwner {
     await fs.mkdir(stagingPath, { recursive: true });
     const epoch = session.epoch;
     const renewal = setInterval(() => void renew(volumeId, epoch), deps.lease.renewMs);
-    const started: LiveSession = { stagingPath, mount: { unmount: async () => undefined }, workerInstance: tree.workerInstance, epoch, serveUntil: tree.lease.serveUntilUnixMs, renewal };
+    const started: LiveSession = { stagingPath, mount: { unmount: async () => undefined, serveUntil: () => undefined, fence: () => undefined }, workerInstance: tree.workerInstance, epoch, serveUntil: tree.lease.serveUntilUnixMs, renewal };
     sessions.set(volumeId, started);
     try {
-      started.mount = await deps.mountTree(volumeId, tree.treePath, stagingPath, () => checkEpoch(volumeId, started));
+      started.mount = await deps.mountTree(volumeId, tree.treePath, stagingPath, { serveUntilMs: started.serveUntil, onFenced: (refused) => fenced(volumeId, started, refused) });
     } catch (err) {
       clearInterval(renewal);
       sessions.delete(volumeId);
@@ -177,21 +182,20 @@ export function createMountOwner(deps: MountOwnerDeps): MountOwner {
   }
 
   /**
-   * The FUSE layer's epoch check: once the lease ran out unrenewed or a
-   * renewal found a successor, every operation fails with EIO, for good.
+   * The FUSE server fences by itself when the lease runs out unrenewed (a
+   * renewal that finds a successor fences through lose); either way every
+   * operation fails with EIO, for good, and each refusal is counted here.
    */
-  function checkEpoch(volumeId: string, session: LiveSession): void {
-    if (!session.lost && Date.now() >= session.serveUntil) lose(volumeId, session, "the lease ran out unrenewed");
-    if (session.lost) {
-      deps.metrics.count("stale_epoch_refused");
-      throw new FuseError("EIO");
-    }
+  function fenced(volumeId: string, session: LiveSession, refused: number): void {
+    lose(volumeId, session, "the lease ran out unrenewed");
+    for (let i = 0; i < refused; i++) deps.metrics.count("stale_epoch_refused");
   }
 
   /** Logged once: the state changes once. */
   function lose(volumeId: string, session: LiveSession, why: string): void {
     if (session.lost) return;
     session.lost = why;
+    session.mount.fence();
     clearInterval(session.renewal);
     logger.error(`the mount epoch no longer holds the volume: ${why}. Every read and write of its mount fails with EIO until the volume is unpublished and unstaged on this node`, {
       volume: volumeId,
@@ -215,8 +219,10 @@ export function createMountOwner(deps: MountOwnerDeps): MountOwner {
 
   function applyLease(volumeId: string, session: LiveSession, lease: gitWorker.MountLease | undefined): void {
     if (!lease || session.lost) return;
-    if (lease.held) session.serveUntil = Number(lease.serveUntilUnixMs);
-    else if (lease.refusal !== "") lose(volumeId, session, lease.message);
+    if (lease.held) {
+      session.serveUntil = Number(lease.serveUntilUnixMs);
+      session.mount.serveUntil(session.serveUntil);
+    } else if (lease.refusal !== "") lose(volumeId, session, lease.message);
   }
 
   async function unstage(request: mountOwner.UnstageVolumeRequest, volumeId: string): Promise<mountOwner.UnstageVolumeResponse> {

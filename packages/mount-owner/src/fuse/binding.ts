@@ -1,102 +1,93 @@
-// The one seam between the mount owner and a FUSE library. Everything above it
-// speaks these types only, so a binding of our own can replace fuse-native.
-import { constants } from 'node:os';
+// The mount owner's FUSE server: a native addon (../../native) on libfuse3's
+// low-level API whose worker threads serve every operation on the backing
+// tree by descriptor. JavaScript only mounts, unmounts, moves the lease's end
+// and fences; no JavaScript runs per operation, so this process may itself
+// use the mount without deadlocking.
+import { join } from "node:path";
 
-export type ErrnoCode = keyof typeof constants.errno;
+type NativeHandle = { readonly __brand: "gitcsi_fuse volume" };
 
-/** Refuses a FUSE operation with the given errno. */
-export class FuseError extends Error {
-  readonly errno: number;
-
-  constructor(readonly code: ErrnoCode, message: string = code) {
-    super(message);
-    this.name = 'FuseError';
-    this.errno = constants.errno[code];
-  }
+interface NativeAddon {
+  mount(mountpoint: string, backing: string, fsname: string, serveUntilMs: number, onFenced: (refused: number) => void): NativeHandle;
+  unmount(handle: NativeHandle): void;
+  serveUntil(handle: NativeHandle, ms: number): void;
+  fence(handle: NativeHandle): void;
 }
 
-/**
- * The positive errno a failed operation answers with: a FuseError's, a Node
- * system error's (whose errno is negative on Linux), else EIO.
- */
-export function errnoOf(err: unknown): number {
-  const errno = (err as { errno?: unknown } | null)?.errno;
-  if (typeof errno === 'number' && errno !== 0) return Math.abs(errno);
-  return constants.errno.EIO;
-}
+// Built by `make build` into the package's dist (see native/Makefile).
+const addon = require(join(__dirname, "../../native/gitcsi_fuse.node")) as NativeAddon;
 
-export interface FuseStat {
-  mode: number;
-  uid: number;
-  gid: number;
-  size: number;
-  nlink: number;
-  ino: number;
-  dev: number;
-  rdev: number;
-  blksize: number;
-  blocks: number;
-  atimeMs: number;
-  mtimeMs: number;
-  ctimeMs: number;
-}
+/** setTimeout's longest delay; a later deadline is re-armed when it comes. */
+const MAX_TIMER_MS = 2 ** 31 - 1;
 
-/** Block counts are in units of bsize. */
-export interface FuseStatfs {
-  bsize: number;
-  blocks: number;
-  bfree: number;
-  bavail: number;
-  files: number;
-  ffree: number;
-  namemax: number;
-}
-
-/**
- * A file system as a set of async operations on absolute mount paths ("/a/b").
- * An operation fails by throwing an error that carries an errno (see errnoOf).
- * `fh` is the number returned by open or create.
- */
-export interface FuseOperations {
-  getattr(path: string): Promise<FuseStat>;
-  /** Every entry, "." and ".." included. */
-  readdir(path: string): Promise<string[]>;
-  open(path: string, flags: number): Promise<number>;
-  create(path: string, mode: number): Promise<number>;
-  /** Fills `buffer` from `position`; resolves to the bytes read. */
-  read(path: string, fh: number, buffer: Buffer, position: number): Promise<number>;
-  /** Resolves to the bytes written. */
-  write(path: string, fh: number, buffer: Buffer, position: number): Promise<number>;
-  release(path: string, fh: number): Promise<void>;
-  fsync(path: string, fh: number, datasync: boolean): Promise<void>;
-  truncate(path: string, size: number): Promise<void>;
-  ftruncate(path: string, fh: number, size: number): Promise<void>;
-  unlink(path: string): Promise<void>;
-  rename(from: string, to: string): Promise<void>;
-  mkdir(path: string, mode: number): Promise<void>;
-  rmdir(path: string): Promise<void>;
-  symlink(target: string, path: string): Promise<void>;
-  readlink(path: string): Promise<string>;
-  link(existing: string, path: string): Promise<void>;
-  chmod(path: string, mode: number): Promise<void>;
-  /** -1 leaves that id unchanged. */
-  chown(path: string, uid: number, gid: number): Promise<void>;
-  utimens(path: string, atimeMs: number, mtimeMs: number): Promise<void>;
-  statfs(path: string): Promise<FuseStatfs>;
+export interface EpochFence {
+  /** Until when the mount may serve (ms since the epoch); Infinity for always. */
+  serveUntilMs: number;
+  /**
+   * The server fenced the mount (its lease ran out) or refused more
+   * operations since: `refused` of them. Called on the main thread.
+   */
+  onFenced(refused: number): void;
 }
 
 export interface FuseMountOptions {
   mountpoint: string;
-  ops: FuseOperations;
+  /** The directory the mount serves. */
+  backing: string;
   /** Shown as the mount's source in /proc/self/mountinfo. */
   fsname: string;
+  epoch?: EpochFence;
 }
 
 export interface FuseMount {
   readonly mountpoint: string;
+  /** Unmounts; the session ends when no bind of the mount is left. */
   unmount(): Promise<void>;
+  /** A renewal moved the lease's end. */
+  serveUntil(ms: number): void;
+  /**
+   * From now on every operation answers EIO and the kernel's cached pages,
+   * attributes and entries of the mount are dropped. For good.
+   */
+  fence(): void;
 }
 
-export interface FuseBinding {
-  mount(opts: FuseMountOptions): Promise<FuseMount>;
+export function mountFuse(opts: FuseMountOptions): FuseMount {
+  const epoch = opts.epoch ?? { serveUntilMs: Infinity, onFenced: () => undefined };
+  const handle = addon.mount(opts.mountpoint, opts.backing, opts.fsname, epoch.serveUntilMs, epoch.onFenced);
+  let mounted = true;
+  let deadline: NodeJS.Timeout | undefined;
+
+  // The server refuses by itself once the lease's end passed; this timer makes it drop the kernel's caches then too.
+  function arm(ms: number): void {
+    clearTimeout(deadline);
+    if (!Number.isFinite(ms)) return;
+    deadline = setTimeout(() => (ms <= Date.now() ? expire() : arm(ms)), Math.min(Math.max(ms - Date.now(), 0), MAX_TIMER_MS));
+    deadline.unref();
+  }
+
+  function expire(): void {
+    if (!mounted) return;
+    addon.fence(handle);
+    epoch.onFenced(0);
+  }
+
+  arm(epoch.serveUntilMs);
+  return {
+    mountpoint: opts.mountpoint,
+    unmount: async () => {
+      clearTimeout(deadline);
+      if (mounted) addon.unmount(handle);
+      mounted = false;
+    },
+    serveUntil: (ms) => {
+      if (!mounted) return;
+      addon.serveUntil(handle, ms);
+      arm(ms);
+    },
+    fence: () => {
+      clearTimeout(deadline);
+      if (mounted) addon.fence(handle);
+    },
+  };
 }

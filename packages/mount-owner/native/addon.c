@@ -1,0 +1,295 @@
+/*
+ * The N-API face of the FUSE server. JavaScript mounts, unmounts, moves the
+ * lease's end and fences; it never runs per operation.
+ */
+#include "volume.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mount.h>
+#include <unistd.h>
+
+/* libfuse's worker threads per session; the machine has few cores. */
+#define MAX_THREADS 8
+#define NAPI_OK(env, call)                                                                         \
+	do {                                                                                       \
+		if ((call) != napi_ok)                                                             \
+			return throw_errno(env, EINVAL, #call " failed");                         \
+	} while (0)
+
+static napi_value throw_errno(napi_env env, int err, const char *what)
+{
+	char message[512];
+	snprintf(message, sizeof(message), "%s: %s", what, strerror(err));
+	const char *code = strerrorname_np(err);
+	napi_throw_error(env, code != NULL ? code : "EIO", message);
+	return NULL;
+}
+
+static void volume_free(struct volume *v)
+{
+	nodes_destroy(&v->nodes);
+	if (v->root.fd >= 0)
+		close(v->root.fd);
+	pthread_mutex_destroy(&v->life);
+	free(v->mountpoint);
+	free(v);
+}
+
+void volume_put(struct volume *v)
+{
+	if (atomic_fetch_sub(&v->refs, 1) == 1)
+		volume_free(v);
+}
+
+static void tell_refused(napi_env env, napi_value callback, void *context, void *data)
+{
+	(void)data;
+	struct volume *v = context;
+	unsigned count = atomic_exchange(&v->refused_pending, 0);
+	napi_value argv[1], undefined;
+	if (env == NULL || napi_create_uint32(env, count, &argv[0]) != napi_ok ||
+	    napi_get_undefined(env, &undefined) != napi_ok)
+		return;
+	napi_call_function(env, undefined, callback, 1, argv, NULL);
+}
+
+/* The callback is the loop thread's reference: released when the session ends. */
+static void release_loop_ref(napi_env env, void *data, void *hint)
+{
+	(void)env;
+	(void)hint;
+	volume_put(data);
+}
+
+static void *serve(void *arg)
+{
+	struct volume *v = arg;
+	struct fuse_loop_config *config = fuse_loop_cfg_create();
+	fuse_loop_cfg_set_clone_fd(config, 1);
+	fuse_loop_cfg_set_max_threads(config, MAX_THREADS);
+	fuse_session_loop_mt(v->se, config);
+	fuse_loop_cfg_destroy(config);
+	fence_join(v);
+	fuse_session_destroy(v->se);
+	napi_release_threadsafe_function(v->on_fenced, napi_tsfn_release);
+	return NULL;
+}
+
+/* libfuse splits -o at unescaped commas: escaped, a name cannot add options. */
+static char *mount_options(const char *fsname)
+{
+	const char *prefix = "allow_other,default_permissions,fsname=";
+	char *opts = malloc(strlen(prefix) + 2 * strlen(fsname) + 1);
+	if (opts == NULL)
+		return NULL;
+	char *at = stpcpy(opts, prefix);
+	for (const char *c = fsname; *c != '\0'; c++) {
+		if (*c == ',' || *c == '\\')
+			*at++ = '\\';
+		*at++ = *c;
+	}
+	*at = '\0';
+	return opts;
+}
+
+/* A server that died leaves an ENOTCONN mount; the new one goes on top of nothing. */
+static void clear_dead_mount(const char *mountpoint)
+{
+	struct stat st;
+	if (stat(mountpoint, &st) == -1 && errno == ENOTCONN)
+		umount2(mountpoint, MNT_DETACH);
+}
+
+static int open_backing(struct volume *v, const char *backing)
+{
+	struct stat st;
+	v->root.fd = open(backing, O_PATH | O_DIRECTORY);
+	if (v->root.fd == -1 || fstat(v->root.fd, &st) == -1)
+		return errno;
+	v->root.id = FUSE_ROOT_ID;
+	v->root_ino = st.st_ino;
+	v->dev = st.st_dev;
+	return 0;
+}
+
+static int start_session(struct volume *v, const char *fsname)
+{
+	char *opts = mount_options(fsname);
+	if (opts == NULL)
+		return ENOMEM;
+	char *argv[] = { "git-csi", "-o", opts, NULL };
+	struct fuse_args args = FUSE_ARGS_INIT(3, argv);
+	v->se = fuse_session_new(&args, &gitcsi_ops, sizeof(gitcsi_ops), v);
+	fuse_opt_free_args(&args);
+	free(opts);
+	if (v->se == NULL)
+		return EINVAL;
+	clear_dead_mount(v->mountpoint);
+	if (fuse_session_mount(v->se, v->mountpoint) != 0) {
+		fuse_session_destroy(v->se);
+		return EIO;
+	}
+	int err = pthread_create(&v->loop, NULL, serve, v);
+	if (err != 0) {
+		fuse_session_unmount(v->se);
+		fuse_session_destroy(v->se);
+		return err;
+	}
+	pthread_detach(v->loop);
+	return 0;
+}
+
+static char *string_arg(napi_env env, napi_value value)
+{
+	size_t len;
+	if (napi_get_value_string_utf8(env, value, NULL, 0, &len) != napi_ok)
+		return NULL;
+	char *s = malloc(len + 1);
+	if (s != NULL)
+		napi_get_value_string_utf8(env, value, s, len + 1, &len);
+	return s;
+}
+
+static int64_t ms_arg(napi_env env, napi_value value)
+{
+	double ms;
+	if (napi_get_value_double(env, value, &ms) != napi_ok || ms >= (double)INT64_MAX)
+		return INT64_MAX;
+	return (int64_t)ms;
+}
+
+static struct volume *volume_new(napi_env env, napi_value mountpoint, napi_value serve_until)
+{
+	struct volume *v = calloc(1, sizeof(*v));
+	if (v == NULL)
+		return NULL;
+	v->root.fd = -1;
+	v->mountpoint = string_arg(env, mountpoint);
+	atomic_init(&v->serve_until_ms, ms_arg(env, serve_until));
+	atomic_init(&v->refs, 1);
+	pthread_mutex_init(&v->life, NULL);
+	if (v->mountpoint == NULL || nodes_init(&v->nodes) != 0) {
+		free(v->mountpoint);
+		free(v);
+		return NULL;
+	}
+	return v;
+}
+
+static napi_status fenced_callback(napi_env env, struct volume *v, napi_value fn)
+{
+	napi_value name;
+	napi_status status = napi_create_string_utf8(env, "onFenced", NAPI_AUTO_LENGTH, &name);
+	if (status == napi_ok)
+		status = napi_create_threadsafe_function(env, fn, NULL, name, 0, 1, v, release_loop_ref,
+							 v, tell_refused, &v->on_fenced);
+	if (status == napi_ok)
+		status = napi_unref_threadsafe_function(env, v->on_fenced);
+	return status;
+}
+
+static void release_js_ref(napi_env env, void *data, void *hint)
+{
+	(void)env;
+	(void)hint;
+	volume_put(data);
+}
+
+/* mount(mountpoint, backing, fsname, serveUntilMs, onFenced(refused)) -> handle */
+static napi_value js_mount(napi_env env, napi_callback_info info)
+{
+	size_t argc = 5;
+	napi_value argv[5], handle;
+	NAPI_OK(env, napi_get_cb_info(env, info, &argc, argv, NULL, NULL));
+	struct volume *v = volume_new(env, argv[0], argv[3]);
+	if (v == NULL)
+		return throw_errno(env, ENOMEM, "mount");
+	char *backing = string_arg(env, argv[1]);
+	char *fsname = string_arg(env, argv[2]);
+	int err = backing == NULL || fsname == NULL ? EINVAL : open_backing(v, backing);
+	if (err == 0 && fenced_callback(env, v, argv[4]) != napi_ok)
+		err = EINVAL;
+	if (err == 0) {
+		atomic_fetch_add(&v->refs, 1); /* the loop's, dropped with the callback */
+		err = start_session(v, fsname);
+		if (err != 0)
+			napi_release_threadsafe_function(v->on_fenced, napi_tsfn_release);
+	}
+	free(backing);
+	free(fsname);
+	if (err != 0) {
+		volume_put(v);
+		return throw_errno(env, err, "mount");
+	}
+	NAPI_OK(env, napi_create_external(env, v, release_js_ref, NULL, &handle));
+	return handle;
+}
+
+static struct volume *volume_arg(napi_env env, napi_callback_info info, napi_value *rest)
+{
+	size_t argc = 2;
+	napi_value argv[2];
+	void *v = NULL;
+	if (napi_get_cb_info(env, info, &argc, argv, NULL, NULL) != napi_ok ||
+	    napi_get_value_external(env, argv[0], &v) != napi_ok)
+		return NULL;
+	if (rest != NULL)
+		*rest = argv[1];
+	return v;
+}
+
+/*
+ * Unmounts the mountpoint; the session ends once no bind of it is left. The
+ * worker threads never need this thread, so waiting here cannot deadlock.
+ */
+static napi_value js_unmount(napi_env env, napi_callback_info info)
+{
+	struct volume *v = volume_arg(env, info, NULL);
+	if (v == NULL)
+		return throw_errno(env, EINVAL, "unmount: not a mount handle");
+	int res = umount2(v->mountpoint, 0);
+	if (res == -1 && errno == EBUSY)
+		res = umount2(v->mountpoint, MNT_DETACH);
+	/* EINVAL: nothing is mounted there any more. */
+	if (res == -1 && errno != EINVAL)
+		return throw_errno(env, errno, v->mountpoint);
+	return NULL;
+}
+
+static napi_value js_serve_until(napi_env env, napi_callback_info info)
+{
+	napi_value ms;
+	struct volume *v = volume_arg(env, info, &ms);
+	if (v == NULL)
+		return throw_errno(env, EINVAL, "serveUntil: not a mount handle");
+	atomic_store(&v->serve_until_ms, ms_arg(env, ms));
+	return NULL;
+}
+
+static napi_value js_fence(napi_env env, napi_callback_info info)
+{
+	struct volume *v = volume_arg(env, info, NULL);
+	if (v == NULL)
+		return throw_errno(env, EINVAL, "fence: not a mount handle");
+	fence(v);
+	fence_settle(v);
+	return NULL;
+}
+
+static napi_value init(napi_env env, napi_value exports)
+{
+	napi_property_descriptor props[] = {
+		{ "mount", NULL, js_mount, NULL, NULL, NULL, napi_default, NULL },
+		{ "unmount", NULL, js_unmount, NULL, NULL, NULL, napi_default, NULL },
+		{ "serveUntil", NULL, js_serve_until, NULL, NULL, NULL, napi_default, NULL },
+		{ "fence", NULL, js_fence, NULL, NULL, NULL, napi_default, NULL },
+	};
+	napi_define_properties(env, exports, sizeof(props) / sizeof(props[0]), props);
+	return exports;
+}
+
+NAPI_MODULE(NODE_GYP_MODULE_NAME, init)

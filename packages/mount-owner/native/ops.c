@@ -1,0 +1,650 @@
+/*
+ * The FUSE operations, served by libfuse's worker threads directly on the
+ * backing tree by descriptor. The kernel checks permissions (the mount has
+ * default_permissions); here requests run as root, except that entries are
+ * created with the caller's fsuid and fsgid so the backing file system gives
+ * them the caller's owner and the setgid parent's group as a local one would.
+ */
+#include "volume.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <linux/capability.h>
+#include <sched.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/file.h>
+#include <sys/fsuid.h>
+#include <sys/statvfs.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+/* The git worker changes the backing tree too: the kernel rechecks after this. */
+#define CACHE_SECONDS 1.0
+
+static struct volume *volume_of(fuse_req_t req)
+{
+	return fuse_req_userdata(req);
+}
+
+/* A node the kernel names, or the request answered ESTALE. */
+static struct node *node_or_stale(fuse_req_t req, fuse_ino_t ino)
+{
+	struct node *n = node_get(volume_of(req), ino);
+	if (n == NULL)
+		fuse_reply_err(req, ESTALE);
+	return n;
+}
+
+static void proc_path(char *buf, size_t size, int fd)
+{
+	snprintf(buf, size, "/proc/self/fd/%d", fd);
+}
+
+static void reply_result(fuse_req_t req, int res)
+{
+	fuse_reply_err(req, res == -1 ? errno : 0);
+}
+
+/*
+ * Each worker thread gets its own umask of 0: the kernel already applied the
+ * caller's umask to the modes it sends, and the process umask is Node's.
+ */
+static void own_umask(void)
+{
+	static __thread bool done;
+	if (done)
+		return;
+	if (unshare(CLONE_FS) == 0)
+		umask(0);
+	done = true;
+}
+
+/*
+ * Changing fsuid away from 0 drops the file capabilities. The kernel already
+ * checked the caller's access with all its groups, which this thread lacks, so
+ * the backing file system's own check is bypassed again; CAP_FSETID stays off
+ * so a setgid bit the caller may not set is still stripped.
+ */
+static void keep_dac_override(void)
+{
+	struct __user_cap_header_struct head = { _LINUX_CAPABILITY_VERSION_3, 0 };
+	struct __user_cap_data_struct data[2];
+	if (syscall(SYS_capget, &head, data) != 0)
+		return;
+	uint32_t wanted = (1u << CAP_DAC_OVERRIDE) | (1u << CAP_DAC_READ_SEARCH);
+	data[0].effective |= data[0].permitted & wanted;
+	syscall(SYS_capset, &head, data);
+}
+
+static void become_caller(fuse_req_t req)
+{
+	const struct fuse_ctx *ctx = fuse_req_ctx(req);
+	own_umask();
+	setfsgid(ctx->gid);
+	setfsuid(ctx->uid);
+	if (ctx->uid != 0)
+		keep_dac_override();
+}
+
+/* Back to root: the kernel restores the file capabilities with fsuid 0. */
+static void become_server(void)
+{
+	setfsuid(0);
+	setfsgid(0);
+}
+
+static int stat_fd(int fd, struct stat *st)
+{
+	return fstatat(fd, "", st, AT_EMPTY_PATH | AT_SYMLINK_NOFOLLOW);
+}
+
+/* Looks name up under parent and counts it as handed out; 0 or an errno. */
+static int find_entry(struct volume *v, fuse_ino_t parent, int parent_fd, const char *name,
+		      struct fuse_entry_param *e)
+{
+	if (strcmp(name, ".") == 0 || strcmp(name, "..") == 0)
+		return EINVAL; /* the kernel resolves these; ".." could climb out */
+	int fd = openat(parent_fd, name, O_PATH | O_NOFOLLOW);
+	if (fd == -1)
+		return errno;
+	memset(e, 0, sizeof(*e));
+	if (stat_fd(fd, &e->attr) == -1) {
+		int err = errno;
+		close(fd);
+		return err;
+	}
+	e->attr_timeout = CACHE_SECONDS;
+	e->entry_timeout = CACHE_SECONDS;
+	return node_remember(v, fd, &e->attr, parent, name, &e->ino);
+}
+
+static void reply_entry(fuse_req_t req, fuse_ino_t parent, int parent_fd, const char *name)
+{
+	struct fuse_entry_param e;
+	int err = find_entry(volume_of(req), parent, parent_fd, name, &e);
+	if (err != 0)
+		fuse_reply_err(req, err);
+	else
+		fuse_reply_entry(req, &e);
+}
+
+static void op_init(void *userdata, struct fuse_conn_info *conn)
+{
+	(void)userdata;
+	/* Writes kill setuid/setgid bits in the kernel: ours run as root, which keeps them. */
+	conn->want &= ~FUSE_CAP_HANDLE_KILLPRIV;
+	/*
+	 * No writeback cache: with it the kernel trusts its own size and mtime of a
+	 * cached file, and the git worker changes files under the mount.
+	 */
+	conn->want &= ~FUSE_CAP_WRITEBACK_CACHE;
+	if (conn->capable & FUSE_CAP_SPLICE_WRITE)
+		conn->want |= FUSE_CAP_SPLICE_WRITE;
+	if (conn->capable & FUSE_CAP_SPLICE_MOVE)
+		conn->want |= FUSE_CAP_SPLICE_MOVE;
+	conn->time_gran = 1;
+}
+
+static void op_lookup(fuse_req_t req, fuse_ino_t parent, const char *name)
+{
+	if (refused(req))
+		return;
+	struct node *p = node_or_stale(req, parent);
+	if (p != NULL)
+		reply_entry(req, parent, p->fd, name);
+}
+
+static void op_forget(fuse_req_t req, fuse_ino_t ino, uint64_t nlookup)
+{
+	node_forget(volume_of(req), ino, nlookup);
+	fuse_reply_none(req);
+}
+
+static void op_forget_multi(fuse_req_t req, size_t count, struct fuse_forget_data *forgets)
+{
+	for (size_t i = 0; i < count; i++)
+		node_forget(volume_of(req), forgets[i].ino, forgets[i].nlookup);
+	fuse_reply_none(req);
+}
+
+static void op_getattr(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
+{
+	(void)fi;
+	if (refused(req))
+		return;
+	struct node *n = node_or_stale(req, ino);
+	struct stat st;
+	if (n == NULL)
+		return;
+	if (stat_fd(n->fd, &st) == -1)
+		fuse_reply_err(req, errno);
+	else
+		fuse_reply_attr(req, &st, CACHE_SECONDS);
+}
+
+static struct timespec time_to_set(int to_set, int set, int now, struct timespec value)
+{
+	if (to_set & now)
+		return (struct timespec){ .tv_nsec = UTIME_NOW };
+	if (to_set & set)
+		return value;
+	return (struct timespec){ .tv_nsec = UTIME_OMIT };
+}
+
+/* Symlinks have no /proc path to write through: their times go by AT_EMPTY_PATH. */
+static int set_times(const struct node *n, const struct stat *attr, int to_set,
+		     struct fuse_file_info *fi)
+{
+	struct timespec times[2] = {
+		time_to_set(to_set, FUSE_SET_ATTR_ATIME, FUSE_SET_ATTR_ATIME_NOW, attr->st_atim),
+		time_to_set(to_set, FUSE_SET_ATTR_MTIME, FUSE_SET_ATTR_MTIME_NOW, attr->st_mtim),
+	};
+	if (fi != NULL)
+		return futimens(fi->fh, times);
+	struct stat st;
+	if (stat_fd(n->fd, &st) == -1)
+		return -1;
+	if (S_ISLNK(st.st_mode))
+		return utimensat(n->fd, "", times, AT_EMPTY_PATH | AT_SYMLINK_NOFOLLOW);
+	char path[64];
+	proc_path(path, sizeof(path), n->fd);
+	return utimensat(AT_FDCWD, path, times, 0);
+}
+
+static int set_mode(const struct node *n, mode_t mode, struct fuse_file_info *fi)
+{
+	if (fi != NULL)
+		return fchmod(fi->fh, mode);
+	char path[64];
+	proc_path(path, sizeof(path), n->fd);
+	return chmod(path, mode);
+}
+
+static int set_size(const struct node *n, off_t size, struct fuse_file_info *fi)
+{
+	if (fi != NULL)
+		return ftruncate(fi->fh, size);
+	char path[64];
+	proc_path(path, sizeof(path), n->fd);
+	return truncate(path, size);
+}
+
+/* chown before chmod: a chown clears setuid and setgid, a mode set with it keeps them. */
+static int apply_attr(const struct node *n, const struct stat *attr, int to_set,
+		      struct fuse_file_info *fi)
+{
+	if (to_set & (FUSE_SET_ATTR_UID | FUSE_SET_ATTR_GID)) {
+		uid_t uid = (to_set & FUSE_SET_ATTR_UID) ? attr->st_uid : (uid_t)-1;
+		gid_t gid = (to_set & FUSE_SET_ATTR_GID) ? attr->st_gid : (gid_t)-1;
+		if (fchownat(n->fd, "", uid, gid, AT_EMPTY_PATH | AT_SYMLINK_NOFOLLOW) == -1)
+			return -1;
+	}
+	if ((to_set & FUSE_SET_ATTR_MODE) && set_mode(n, attr->st_mode, fi) == -1)
+		return -1;
+	if ((to_set & FUSE_SET_ATTR_SIZE) && set_size(n, attr->st_size, fi) == -1)
+		return -1;
+	if ((to_set & (FUSE_SET_ATTR_ATIME | FUSE_SET_ATTR_MTIME)) && set_times(n, attr, to_set, fi) == -1)
+		return -1;
+	return 0;
+}
+
+static void op_setattr(fuse_req_t req, fuse_ino_t ino, struct stat *attr, int to_set,
+		       struct fuse_file_info *fi)
+{
+	if (refused(req))
+		return;
+	struct node *n = node_or_stale(req, ino);
+	struct stat st;
+	if (n == NULL)
+		return;
+	if (apply_attr(n, attr, to_set, fi) == -1 || stat_fd(n->fd, &st) == -1)
+		fuse_reply_err(req, errno);
+	else
+		fuse_reply_attr(req, &st, CACHE_SECONDS);
+}
+
+static void op_readlink(fuse_req_t req, fuse_ino_t ino)
+{
+	if (refused(req))
+		return;
+	struct node *n = node_or_stale(req, ino);
+	char buf[PATH_MAX + 1];
+	if (n == NULL)
+		return;
+	ssize_t len = readlinkat(n->fd, "", buf, sizeof(buf));
+	if (len == -1)
+		fuse_reply_err(req, errno);
+	else if (len == sizeof(buf))
+		fuse_reply_err(req, ENAMETOOLONG);
+	else {
+		buf[len] = '\0';
+		fuse_reply_readlink(req, buf);
+	}
+}
+
+enum make_kind { MAKE_NODE, MAKE_DIR, MAKE_SYMLINK };
+
+struct make {
+	enum make_kind kind;
+	mode_t mode;
+	dev_t rdev;
+	const char *target;
+};
+
+static int make_entry(int parent_fd, const char *name, const struct make *m)
+{
+	switch (m->kind) {
+	case MAKE_DIR:
+		return mkdirat(parent_fd, name, m->mode);
+	case MAKE_SYMLINK:
+		return symlinkat(m->target, parent_fd, name);
+	default:
+		return mknodat(parent_fd, name, m->mode, m->rdev);
+	}
+}
+
+/* mknod, mkdir and symlink: made as the caller, then looked up. */
+static void make_and_reply(fuse_req_t req, fuse_ino_t parent, const char *name, const struct make *m)
+{
+	if (refused(req))
+		return;
+	struct node *p = node_or_stale(req, parent);
+	if (p == NULL)
+		return;
+	become_caller(req);
+	int res = make_entry(p->fd, name, m);
+	int err = errno;
+	become_server();
+	if (res == -1)
+		fuse_reply_err(req, err);
+	else
+		reply_entry(req, parent, p->fd, name);
+}
+
+static void op_mknod(fuse_req_t req, fuse_ino_t parent, const char *name, mode_t mode, dev_t rdev)
+{
+	make_and_reply(req, parent, name, &(struct make){ .kind = MAKE_NODE, .mode = mode, .rdev = rdev });
+}
+
+static void op_mkdir(fuse_req_t req, fuse_ino_t parent, const char *name, mode_t mode)
+{
+	make_and_reply(req, parent, name, &(struct make){ .kind = MAKE_DIR, .mode = mode });
+}
+
+static void op_symlink(fuse_req_t req, const char *target, fuse_ino_t parent, const char *name)
+{
+	make_and_reply(req, parent, name, &(struct make){ .kind = MAKE_SYMLINK, .target = target });
+}
+
+static void op_link(fuse_req_t req, fuse_ino_t ino, fuse_ino_t newparent, const char *newname)
+{
+	if (refused(req))
+		return;
+	struct node *n = node_or_stale(req, ino);
+	struct node *p = n != NULL ? node_or_stale(req, newparent) : NULL;
+	if (p == NULL)
+		return;
+	if (linkat(n->fd, "", p->fd, newname, AT_EMPTY_PATH) == -1)
+		fuse_reply_err(req, errno);
+	else
+		reply_entry(req, newparent, p->fd, newname);
+}
+
+static void remove_entry(fuse_req_t req, fuse_ino_t parent, const char *name, int flags)
+{
+	if (refused(req))
+		return;
+	struct node *p = node_or_stale(req, parent);
+	if (p != NULL)
+		reply_result(req, unlinkat(p->fd, name, flags));
+}
+
+static void op_unlink(fuse_req_t req, fuse_ino_t parent, const char *name)
+{
+	remove_entry(req, parent, name, 0);
+}
+
+static void op_rmdir(fuse_req_t req, fuse_ino_t parent, const char *name)
+{
+	remove_entry(req, parent, name, AT_REMOVEDIR);
+}
+
+static void op_rename(fuse_req_t req, fuse_ino_t parent, const char *name, fuse_ino_t newparent,
+		      const char *newname, unsigned int flags)
+{
+	if (refused(req))
+		return;
+	struct node *p = node_or_stale(req, parent);
+	struct node *q = p != NULL ? node_or_stale(req, newparent) : NULL;
+	if (q == NULL)
+		return;
+	/* RENAME_NOREPLACE and RENAME_EXCHANGE pass through; the kernel refuses the rest. */
+	reply_result(req, renameat2(p->fd, name, q->fd, newname, flags));
+}
+
+/* Reopens a node through /proc with the caller's flags; O_NOFOLLOW would refuse the magic link. */
+static int reopen(const struct node *n, int flags)
+{
+	char path[64];
+	proc_path(path, sizeof(path), n->fd);
+	return open(path, flags & ~(O_NOFOLLOW | O_CREAT | O_EXCL));
+}
+
+static void op_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
+{
+	if (refused(req))
+		return;
+	struct node *n = node_or_stale(req, ino);
+	if (n == NULL)
+		return;
+	int fd = reopen(n, fi->flags);
+	if (fd == -1) {
+		fuse_reply_err(req, errno);
+		return;
+	}
+	fi->fh = fd;
+	if (fuse_reply_open(req, fi) == -ENOENT)
+		close(fd); /* the caller was interrupted: no release follows */
+}
+
+static void op_create(fuse_req_t req, fuse_ino_t parent, const char *name, mode_t mode,
+		      struct fuse_file_info *fi)
+{
+	if (refused(req))
+		return;
+	struct node *p = node_or_stale(req, parent);
+	if (p == NULL)
+		return;
+	become_caller(req);
+	int fd = openat(p->fd, name, (fi->flags | O_CREAT) & ~O_NOFOLLOW, mode);
+	int err = errno;
+	become_server();
+	struct fuse_entry_param e;
+	if (fd != -1)
+		err = find_entry(volume_of(req), parent, p->fd, name, &e);
+	if (fd == -1 || err != 0) {
+		if (fd != -1)
+			close(fd);
+		fuse_reply_err(req, err);
+		return;
+	}
+	fi->fh = fd;
+	if (fuse_reply_create(req, &e, fi) == -ENOENT)
+		close(fd);
+}
+
+static void op_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, struct fuse_file_info *fi)
+{
+	(void)ino;
+	if (refused(req))
+		return;
+	struct fuse_bufvec buf = FUSE_BUFVEC_INIT(size);
+	buf.buf[0].flags = FUSE_BUF_IS_FD | FUSE_BUF_FD_SEEK;
+	buf.buf[0].fd = fi->fh;
+	buf.buf[0].pos = off;
+	fuse_reply_data(req, &buf, FUSE_BUF_SPLICE_MOVE);
+}
+
+static void op_write_buf(fuse_req_t req, fuse_ino_t ino, struct fuse_bufvec *in, off_t off,
+			 struct fuse_file_info *fi)
+{
+	(void)ino;
+	if (refused(req))
+		return;
+	struct fuse_bufvec out = FUSE_BUFVEC_INIT(fuse_buf_size(in));
+	out.buf[0].flags = FUSE_BUF_IS_FD | FUSE_BUF_FD_SEEK;
+	out.buf[0].fd = fi->fh;
+	out.buf[0].pos = off;
+	ssize_t written = fuse_buf_copy(&out, in, 0);
+	if (written < 0)
+		fuse_reply_err(req, -written);
+	else
+		fuse_reply_write(req, written);
+}
+
+/* Writes reach the backing file at once: a close has nothing left to push. */
+static void op_flush(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
+{
+	(void)ino;
+	(void)fi;
+	if (!refused(req))
+		fuse_reply_err(req, 0);
+}
+
+/* Never refused: the backing descriptor must close whatever the epoch. */
+static void op_release(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
+{
+	(void)ino;
+	close(fi->fh);
+	fuse_reply_err(req, 0);
+}
+
+static void op_fsync(fuse_req_t req, fuse_ino_t ino, int datasync, struct fuse_file_info *fi)
+{
+	(void)ino;
+	if (!refused(req))
+		reply_result(req, datasync ? fdatasync(fi->fh) : fsync(fi->fh));
+}
+
+static void op_fallocate(fuse_req_t req, fuse_ino_t ino, int mode, off_t offset, off_t length,
+			 struct fuse_file_info *fi)
+{
+	(void)ino;
+	if (!refused(req))
+		reply_result(req, fallocate(fi->fh, mode, offset, length));
+}
+
+/* An open directory: the stream, and the entry that did not fit the last reply. */
+struct dir_handle {
+	DIR *dp;
+	off_t offset;
+	struct dirent *pending;
+};
+
+static struct dir_handle *dir_of(struct fuse_file_info *fi)
+{
+	return (struct dir_handle *)(uintptr_t)fi->fh;
+}
+
+static int open_dir(const struct node *n, struct dir_handle **out)
+{
+	struct dir_handle *d = calloc(1, sizeof(*d));
+	if (d == NULL)
+		return ENOMEM;
+	int fd = openat(n->fd, ".", O_RDONLY | O_DIRECTORY);
+	if (fd == -1 || (d->dp = fdopendir(fd)) == NULL) {
+		int err = errno;
+		if (fd != -1)
+			close(fd);
+		free(d);
+		return err;
+	}
+	*out = d;
+	return 0;
+}
+
+static void op_opendir(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
+{
+	if (refused(req))
+		return;
+	struct node *n = node_or_stale(req, ino);
+	struct dir_handle *d = NULL;
+	if (n == NULL)
+		return;
+	int err = open_dir(n, &d);
+	if (err != 0) {
+		fuse_reply_err(req, err);
+		return;
+	}
+	fi->fh = (uintptr_t)d;
+	if (fuse_reply_open(req, fi) == -ENOENT) {
+		closedir(d->dp);
+		free(d);
+	}
+}
+
+/* Fills buf with entries from the stream; returns the bytes used. */
+static size_t fill_entries(fuse_req_t req, struct dir_handle *d, char *buf, size_t size)
+{
+	size_t used = 0;
+	for (;;) {
+		if (d->pending == NULL && (d->pending = readdir(d->dp)) == NULL)
+			return used;
+		struct stat st = { .st_ino = d->pending->d_ino, .st_mode = DTTOIF(d->pending->d_type) };
+		off_t next = telldir(d->dp);
+		size_t len = fuse_add_direntry(req, buf + used, size - used, d->pending->d_name, &st, next);
+		if (len > size - used)
+			return used; /* kept for the next call */
+		used += len;
+		d->offset = next;
+		d->pending = NULL;
+	}
+}
+
+static void op_readdir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, struct fuse_file_info *fi)
+{
+	(void)ino;
+	if (refused(req))
+		return;
+	struct dir_handle *d = dir_of(fi);
+	char *buf = malloc(size);
+	if (buf == NULL) {
+		fuse_reply_err(req, ENOMEM);
+		return;
+	}
+	if (off != d->offset) {
+		seekdir(d->dp, off);
+		d->offset = off;
+		d->pending = NULL;
+	}
+	errno = 0;
+	size_t used = fill_entries(req, d, buf, size);
+	if (used == 0 && errno != 0)
+		fuse_reply_err(req, errno);
+	else
+		fuse_reply_buf(req, buf, used);
+	free(buf);
+}
+
+static void op_releasedir(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
+{
+	(void)ino;
+	struct dir_handle *d = dir_of(fi);
+	closedir(d->dp);
+	free(d);
+	fuse_reply_err(req, 0);
+}
+
+static void op_fsyncdir(fuse_req_t req, fuse_ino_t ino, int datasync, struct fuse_file_info *fi)
+{
+	(void)ino;
+	int fd = dirfd(dir_of(fi)->dp);
+	if (!refused(req))
+		reply_result(req, datasync ? fdatasync(fd) : fsync(fd));
+}
+
+static void op_statfs(fuse_req_t req, fuse_ino_t ino)
+{
+	(void)ino;
+	if (refused(req))
+		return;
+	struct statvfs st;
+	if (fstatvfs(volume_of(req)->root.fd, &st) == -1)
+		fuse_reply_err(req, errno);
+	else
+		fuse_reply_statfs(req, &st);
+}
+
+const struct fuse_lowlevel_ops gitcsi_ops = {
+	.init = op_init,
+	.lookup = op_lookup,
+	.forget = op_forget,
+	.forget_multi = op_forget_multi,
+	.getattr = op_getattr,
+	.setattr = op_setattr,
+	.readlink = op_readlink,
+	.mknod = op_mknod,
+	.mkdir = op_mkdir,
+	.symlink = op_symlink,
+	.link = op_link,
+	.unlink = op_unlink,
+	.rmdir = op_rmdir,
+	.rename = op_rename,
+	.open = op_open,
+	.create = op_create,
+	.read = op_read,
+	.write_buf = op_write_buf,
+	.flush = op_flush,
+	.release = op_release,
+	.fsync = op_fsync,
+	.fallocate = op_fallocate,
+	.opendir = op_opendir,
+	.readdir = op_readdir,
+	.releasedir = op_releasedir,
+	.fsyncdir = op_fsyncdir,
+	.statfs = op_statfs,
+};
