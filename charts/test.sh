@@ -125,7 +125,7 @@ def check_render(path, service_monitor):
     if expect(len(drivers) == 1, "one CSIDriver"):
         d = drivers[0]
         expect(d["metadata"]["name"] == DRIVER, f"CSIDriver is named {DRIVER}")
-        want = {"attachRequired": False, "podInfoOnMount": True, "requiresRepublish": True, "fsGroupPolicy": "None", "volumeLifecycleModes": ["Persistent"]}
+        want = {"attachRequired": False, "podInfoOnMount": True, "requiresRepublish": True, "fsGroupPolicy": "File", "volumeLifecycleModes": ["Persistent"]}
         for k, v in want.items():
             expect(d["spec"].get(k) == v, f"CSIDriver spec.{k} is {v!r}, not {d['spec'].get(k)!r}")
 

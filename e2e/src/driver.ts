@@ -114,8 +114,9 @@ function stopProcess(proc: ChildProcess): Promise<void> {
 export const SINGLE_NODE_WRITER = csi.VolumeCapability_AccessMode_Mode.SINGLE_NODE_WRITER;
 export const SINGLE_NODE_SINGLE_WRITER = csi.VolumeCapability_AccessMode_Mode.SINGLE_NODE_SINGLE_WRITER;
 
-export function mountCapability(mode: csi.VolumeCapability_AccessMode_Mode = SINGLE_NODE_SINGLE_WRITER): csi.VolumeCapability {
-  return { mount: { fsType: "", mountFlags: [], volumeMountGroup: "" }, accessMode: { mode } };
+/** volumeMountGroup: the pod's fsGroup, as the kubelet passes it to a driver with VOLUME_MOUNT_GROUP. */
+export function mountCapability(mode: csi.VolumeCapability_AccessMode_Mode = SINGLE_NODE_SINGLE_WRITER, volumeMountGroup = ""): csi.VolumeCapability {
+  return { mount: { fsType: "", mountFlags: [], volumeMountGroup }, accessMode: { mode } };
 }
 
 /** A volume created, staged and published over the CSI socket, as the kubelet would. */
@@ -142,27 +143,27 @@ export interface Secrets {
   publish?: Record<string, string>;
 }
 
-export async function stageAndPublish(driver: Driver, volume: csi.Volume, mode = SINGLE_NODE_SINGLE_WRITER, pod = "app", secrets: Secrets = {}): Promise<PublishedVolume> {
+export async function stageAndPublish(driver: Driver, volume: csi.Volume, mode = SINGLE_NODE_SINGLE_WRITER, pod = "app", secrets: Secrets = {}, volumeMountGroup = ""): Promise<PublishedVolume> {
   const stagingPath = path.join(driver.dir, "staging", volume.volumeId);
   const targetPath = path.join(driver.dir, "pods", pod, "volume");
   await fs.mkdir(stagingPath, { recursive: true });
   await fs.mkdir(path.dirname(targetPath), { recursive: true });
-  const capability = mountCapability(mode);
+  const capability = mountCapability(mode, volumeMountGroup);
   await call(
     driver.node.nodeStageVolume.bind(driver.node),
     csi.NodeStageVolumeRequest.fromPartial({ volumeId: volume.volumeId, stagingTargetPath: stagingPath, volumeCapability: capability, volumeContext: volume.volumeContext, secrets: secrets.stage ?? {} }),
     T,
   );
   const published = { volumeId: volume.volumeId, context: volume.volumeContext, stagingPath, targetPath };
-  await publish(driver, published, secrets.publish ?? {}, mode);
+  await publish(driver, published, secrets.publish ?? {}, mode, volumeMountGroup);
   return published;
 }
 
 /** NodePublishVolume, as the kubelet sends it at pod start and again on each pod sync with the Secret read afresh. */
-export async function publish(driver: Driver, volume: PublishedVolume, secrets: Record<string, string>, mode = SINGLE_NODE_SINGLE_WRITER): Promise<void> {
+export async function publish(driver: Driver, volume: PublishedVolume, secrets: Record<string, string>, mode = SINGLE_NODE_SINGLE_WRITER, volumeMountGroup = ""): Promise<void> {
   await call(
     driver.node.nodePublishVolume.bind(driver.node),
-    csi.NodePublishVolumeRequest.fromPartial({ volumeId: volume.volumeId, stagingTargetPath: volume.stagingPath, targetPath: volume.targetPath, volumeCapability: mountCapability(mode), volumeContext: volume.context, secrets }),
+    csi.NodePublishVolumeRequest.fromPartial({ volumeId: volume.volumeId, stagingTargetPath: volume.stagingPath, targetPath: volume.targetPath, volumeCapability: mountCapability(mode, volumeMountGroup), volumeContext: volume.context, secrets }),
     T,
   );
 }

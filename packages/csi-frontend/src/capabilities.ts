@@ -26,6 +26,18 @@ export function accessModeOf(capability: csi.VolumeCapability, field: string): g
   }
 }
 
+/** Linux group ids are 32-bit; (gid_t)-1 means "unchanged" to chown. */
+const MAX_GROUP_ID = 2 ** 32 - 2;
+
+/** The pod's fsGroup the kubelet passes (VOLUME_MOUNT_GROUP): empty for none, else a decimal group id. */
+export function volumeMountGroupOf(capability: csi.VolumeCapability | undefined, field: string): string {
+  const group = capability?.mount?.volumeMountGroup ?? "";
+  if (group !== "" && !(/^(0|[1-9][0-9]{0,9})$/.test(group) && Number(group) <= MAX_GROUP_ID)) {
+    throw invalidArgument(`${field}.mount.volume_mount_group ${JSON.stringify(group)} must be a decimal group id from 0 to ${MAX_GROUP_ID} (the pod's fsGroup)`);
+  }
+  return group;
+}
+
 /** All capabilities of a request must name one access mode: a volume has exactly one. */
 export function accessModeOfAll(capabilities: csi.VolumeCapability[], field: string): gitcsi.AccessMode {
   if (capabilities.length === 0) throw invalidArgument(`${field} is required; ${SUPPORTED}`);

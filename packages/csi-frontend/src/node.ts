@@ -1,6 +1,6 @@
 import type { Logger } from "@git-csi/logging";
 import { call, csi, type mountOwner, unary } from "@git-csi/protos";
-import { checkContextMode, requiredCapability } from "./capabilities";
+import { checkContextMode, requiredCapability, volumeMountGroupOf } from "./capabilities";
 import { absolutePath, credentialFrom, podOf, sourceOf, volumeIdOf } from "./validate";
 
 /** Staging clones or fetches: it may take as long as the repository needs. */
@@ -10,7 +10,7 @@ const TIMEOUT_MS = 60_000;
 export function nodeService(nodeId: string, owner: mountOwner.MountOwnerClient, logger: Logger): Partial<csi.NodeServer> {
   return {
     nodeGetCapabilities: unary("node_get_capabilities", logger, async () => ({
-      capabilities: [csi.NodeServiceCapability_RPC_Type.STAGE_UNSTAGE_VOLUME, csi.NodeServiceCapability_RPC_Type.SINGLE_NODE_MULTI_WRITER].map((type) => ({ rpc: { type } })),
+      capabilities: [csi.NodeServiceCapability_RPC_Type.STAGE_UNSTAGE_VOLUME, csi.NodeServiceCapability_RPC_Type.SINGLE_NODE_MULTI_WRITER, csi.NodeServiceCapability_RPC_Type.VOLUME_MOUNT_GROUP].map((type) => ({ rpc: { type } })),
     })),
 
     nodeGetInfo: unary("node_get_info", logger, async () => ({ nodeId, maxVolumesPerNode: 0, accessibleTopology: undefined })),
@@ -22,7 +22,8 @@ export function nodeService(nodeId: string, owner: mountOwner.MountOwnerClient, 
       checkContextMode(request.volumeContext, accessMode);
       const source = sourceOf(request.volumeContext, "volume_context");
       const credential = credentialFrom(request.secrets, "secrets");
-      await call(owner.stageVolume.bind(owner), { volumeId, stagingPath, source, accessMode, credential }, STAGE_TIMEOUT_MS);
+      const volumeMountGroup = volumeMountGroupOf(request.volumeCapability, "volume_capability");
+      await call(owner.stageVolume.bind(owner), { volumeId, stagingPath, source, accessMode, credential, volumeMountGroup }, STAGE_TIMEOUT_MS);
       return {};
     }),
 
@@ -41,9 +42,10 @@ export function nodeService(nodeId: string, owner: mountOwner.MountOwnerClient, 
       checkContextMode(request.volumeContext, accessMode);
       const pod = podOf(request.volumeContext, "volume_context");
       const credential = credentialFrom(request.secrets, "secrets");
+      const volumeMountGroup = volumeMountGroupOf(request.volumeCapability, "volume_capability");
       await call(
         owner.publishVolume.bind(owner),
-        { volumeId, stagingPath, targetPath, readonly: request.readonly, accessMode, credential, pod },
+        { volumeId, stagingPath, targetPath, readonly: request.readonly, accessMode, credential, pod, volumeMountGroup },
         TIMEOUT_MS,
       );
       return {};

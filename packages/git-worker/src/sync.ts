@@ -393,6 +393,8 @@ export class VolumeSync {
   // ---- writes, quiesce and latency ------------------------------------
 
   private noteChange(relative: string): void {
+    // The tree's root itself (an fsGroup applied, a chmod of the mount): the volume's, never committed or recorded.
+    if (relative === "") return;
     this.changed.add(relative);
     this.metadataChanged.add(relative);
   }

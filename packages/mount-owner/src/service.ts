@@ -20,6 +20,7 @@ import {
 import type { EpochFence } from "./fuse/binding";
 import { bindMount, fuseSource, isMountPoint, readMountTable, unmountAll } from "./mounts";
 import { newSession, readSession, removeSession, writeSession } from "./session";
+import { applyVolumeMountGroup } from "./volume-group";
 import type { State, VolumeRecord } from "./state";
 
 /** A staged volume's FUSE session, as the mount owner holds it. */
@@ -150,7 +151,8 @@ export function createMountOwner(deps: MountOwnerDeps): MountOwner {
     }
     if (!tree.lease?.held) throw failedPrecondition(tree.lease?.message || `the git worker could not claim volume ${volumeId} for this node`);
     // The record is durable before the mount serves: a restarted mount owner finds every mount it made.
-    const record: VolumeRecord = { ...planned, treePath: tree.treePath };
+    const record: VolumeRecord = { ...planned, treePath: tree.treePath, volumeMountGroup: request.volumeMountGroup || undefined };
+    if (record.volumeMountGroup) await applyGroup(volumeId, tree.treePath, record.volumeMountGroup);
     await state.volumes.put(volumeId, record);
     // A mount a dead mount owner left behind answers ENOTCONN; it goes before the new session.
     await unmountAll(stagingPath);
@@ -256,6 +258,12 @@ export function createMountOwner(deps: MountOwnerDeps): MountOwner {
     return {};
   }
 
+  /** The pod's fsGroup on the backing tree, before the mount serves it. */
+  async function applyGroup(volumeId: string, treePath: string, group: string): Promise<void> {
+    const changed = await applyVolumeMountGroup(treePath, Number(group));
+    logger.info(changed ? `applied volume_mount_group ${group} to the tree` : `the tree's root already matches volume_mount_group ${group}`, { volume: volumeId, operation: "stage" });
+  }
+
   /** release_mount with spec 000's budget; local cleanup never waits on a worker or remote that is gone. */
   async function release(volumeId: string, epoch: string): Promise<void> {
     const answer = await call(worker.releaseTree.bind(worker), { volumeId, epoch }, RELEASE_BUDGET_MS).catch((err: Error) => ({ released: false, message: err.message }));
@@ -274,6 +282,7 @@ export function createMountOwner(deps: MountOwnerDeps): MountOwner {
     }
     if (live.lost) throw epochLost(volumeId, live.lost);
     checkMode(record, request.accessMode);
+    checkGroup(volumeId, record, request.volumeMountGroup);
     const others = record.targets.filter((t) => t !== targetPath);
     if (record.accessMode === gitcsi.AccessMode.READ_WRITE_ONCE_POD && others.length > 0) {
       throw failedPrecondition(`volume ${volumeId} is ReadWriteOncePod and already published at ${others.join(", ")}`);
@@ -557,6 +566,17 @@ function checkMode(record: VolumeRecord, accessMode: gitcsi.AccessMode): void {
   if (record.accessMode !== accessMode) {
     throw alreadyExists(`volume ${record.volumeId} is ${MODE_NAMES[record.accessMode]}; its access mode cannot change to ${MODE_NAMES[accessMode]}`);
   }
+}
+
+/**
+ * One staged tree has one group: a pod asking another fsGroup of an RWO volume
+ * staged for the first pod's is refused, since regrouping the tree under a
+ * running pod would take its access away. A pod without an fsGroup publishes.
+ */
+function checkGroup(volumeId: string, record: VolumeRecord, group: string): void {
+  if (group === "" || group === record.volumeMountGroup) return;
+  const staged = record.volumeMountGroup ? `volume_mount_group ${record.volumeMountGroup}` : "no volume_mount_group";
+  throw failedPrecondition(`volume ${volumeId} is staged on this node with ${staged}; a pod with fsGroup ${group} cannot share it until the volume is unstaged`);
 }
 
 function checkIdentity(record: VolumeRecord, source: gitcsi.VolumeSource, accessMode: gitcsi.AccessMode): void {

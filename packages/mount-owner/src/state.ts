@@ -28,6 +28,8 @@ export interface VolumeRecord {
   claim?: gitcsi.Claim;
   /** The PersistentVolume's reclaim policy, from the watch: a Delete volume deleted while the node was down goes when it starts. */
   reclaimPolicy?: string;
+  /** The fsGroup (volume_mount_group) the stage applied to the tree; absent for none. */
+  volumeMountGroup?: string;
   /** The pod each publish target serves (podInfoOnMount), whose events the volume posts. */
   pods?: Record<string, gitcsi.Pod>;
 }
