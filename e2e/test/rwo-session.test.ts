@@ -69,6 +69,8 @@ root = sys.argv[1]
 p = lambda n: os.path.join(root, n)
 held = os.open(p("held.txt"), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
 reader = os.open(p("a.txt"), os.O_RDONLY)
+# In the kernel's page cache from now on: the fence must drop it.
+os.pread(reader, 100, 0)
 os.write(held, b"before\n")
 os.fsync(held)
 print("ready", flush=True)
@@ -133,9 +135,9 @@ for line in sys.stdin:
         "open for reading": attempt(lambda: close_after(os.open(p("e.txt"), os.O_RDONLY))),
         "create": attempt(lambda: close_after(os.open(p("new.txt"), os.O_WRONLY | os.O_CREAT, 0o644))),
         "readdir": attempt(lambda: os.listdir(root)),
-        # The kernel answers stat from its attribute cache for up to libfuse 2's attr_timeout (1 s),
-        # as it serves cached pages: past that, stat reaches the driver and its epoch check.
-        "stat, once the attribute cache lapsed": attempt(lambda: (time.sleep(1.1), os.stat(p("e.txt")))),
+        # The fence dropped the kernel's cached attributes and pages: nothing answers from them.
+        "stat": attempt(lambda: os.stat(p("e.txt"))),
+        "fstat of a descriptor opened before": attempt(lambda: os.fstat(reader)),
     }
     print(json.dumps({"lostAt": lost_at, "results": results}), flush=True)
 `;
