@@ -68,6 +68,13 @@ $(KUBE_BIN)/etcd: e2e/k8s/etcd/go.mod e2e/k8s/etcd/go.sum e2e/k8s/etcd/main.go
 
 kube-tools: $(KUBE_TOOLS)
 
+# pjdfstest, the POSIX conformance suite the e2e tests run at the root of a
+# staged volume's mount (e2e/test/pjdfstest.test.ts), built from the tarball
+# kept beside the project; the script does nothing when it is built already.
+PJDFSTEST := $(CACHE)/pjdfstest/pjdfstest
+$(PJDFSTEST):
+	bash ../shared/tools/pjdfstest/build.sh $(CACHE)/pjdfstest
+
 deps: apt node-deps go-tools
 
 build: apt node-deps
@@ -76,7 +83,7 @@ build: apt node-deps
 unit: build
 	pnpm run test:unit
 
-e2e: build go-tools kube-tools
+e2e: build go-tools kube-tools $(PJDFSTEST)
 	pnpm run test:e2e
 
 sanity: build go-tools
@@ -86,7 +93,7 @@ sanity: build go-tools
 chart:
 	bash charts/test.sh
 
-test: deps build kube-tools
+test: deps build kube-tools $(PJDFSTEST)
 	pnpm run test:unit
 	pnpm run test:e2e
 	node e2e/dist/src/sanity.js
