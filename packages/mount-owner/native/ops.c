@@ -146,6 +146,8 @@ static void op_init(void *userdata, struct fuse_conn_info *conn)
 		conn->want |= FUSE_CAP_SPLICE_WRITE;
 	if (conn->capable & FUSE_CAP_SPLICE_MOVE)
 		conn->want |= FUSE_CAP_SPLICE_MOVE;
+	/* 1 MiB writes (the kernel's 256-page limit) rather than 128 KiB: a quarter of the round trips. */
+	conn->max_write = 1 << 20;
 	conn->time_gran = 1;
 }
 
