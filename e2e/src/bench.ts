@@ -12,8 +12,8 @@
 //   direct  a plain directory beside the volume's work tree,
 //   ours    the published target of a real volume (git daemon, the three
 //           services as processes, CSI calls on the socket, FUSE + bind mount),
-//   bindfs  Debian's bindfs (libfuse 2.9, like ours, with big_writes, like ours)
-//           over a plain directory.
+//   bindfs  Debian's bindfs (libfuse 2.9, with big_writes) over a plain
+//           directory.
 // Every workload runs in its own process (dd, python3, sh): the bench process
 // never makes a file call into a FUSE mount. The page cache is dropped before
 // each timed step. Results: results.json and results.md in --out; with
@@ -38,7 +38,9 @@ const BINDFS_OPTIONS = ["-o", "big_writes"];
 
 type PathId = "direct" | "ours" | "bindfs";
 const PATHS: readonly PathId[] = ["direct", "ours", "bindfs"];
-type WorkloadId = "seq_write" | "seq_read" | "small_create" | "small_stat";
+type WorkloadId = "seq_write" | "seq_read" | "small_create" | "small_stat" | "sqlite_wal";
+/** SQLite rows per transaction, as an application that batches its writes does. */
+const SQLITE_BATCH = 100;
 
 interface Config {
   quick: boolean;
@@ -46,6 +48,8 @@ interface Config {
   out: string;
   seqMiB: number;
   files: number;
+  /** Rows the SQLite workload inserts. */
+  rows: number;
   repetitions: number;
   commit: CommitConfig;
 }
@@ -81,6 +85,7 @@ function parseConfig(argv: string[]): Config {
     out: path.resolve(values.out ?? DEFAULT_OUT),
     seqMiB: quick ? 64 : 1024,
     files: quick ? 1000 : 10_000,
+    rows: quick ? 5000 : 50_000,
     repetitions: quick ? 1 : 3,
     commit: { trees: [FILES_PER_DIR, quick ? 10_000 : 100_000], repetitions: quick ? 3 : 5, quiesceMs: 1000 },
   };
@@ -183,6 +188,28 @@ for p in names:
 print(n / (time.perf_counter() - t))
 `;
 
+// WAL mode with SQLite's default synchronous=FULL: each commit appends to the
+// WAL and fsyncs it, as a database an application keeps on the volume does.
+const SQLITE_PY = `
+import os, sqlite3, sys, time
+db, rows, batch = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+con = sqlite3.connect(db, isolation_level=None)
+if con.execute("PRAGMA journal_mode=WAL").fetchone()[0] != "wal":
+    sys.exit("WAL mode refused")
+con.execute("CREATE TABLE t (id INTEGER PRIMARY KEY, payload TEXT)")
+payload = "x" * 100
+t = time.perf_counter()
+for start in range(0, rows, batch):
+    con.execute("BEGIN")
+    con.executemany("INSERT INTO t (payload) VALUES (?)", [(payload,)] * batch)
+    con.execute("COMMIT")
+elapsed = time.perf_counter() - t
+if con.execute("SELECT count(*) FROM t").fetchone()[0] != rows:
+    sys.exit("rows missing")
+con.close()
+print(rows / elapsed)
+`;
+
 async function python(script: string, ...args: string[]): Promise<number> {
   const { stdout } = await exec("python3", ["-c", script, ...args]);
   const value = Number(stdout.trim());
@@ -192,8 +219,9 @@ async function python(script: string, ...args: string[]): Promise<number> {
 
 const smallCreate = (dir: string, files: number) => python(CREATE_PY, dir, String(files), String(SMALL_FILE_BYTES));
 const smallStat = (dir: string, files: number) => python(STAT_PY, dir, String(files), String(SMALL_FILE_BYTES));
+const sqliteWal = (db: string, rows: number) => python(SQLITE_PY, db, String(rows), String(SQLITE_BATCH));
 
-/** One repetition of all four workloads in one base directory. */
+/** One repetition of all five workloads in one base directory. */
 async function runOnce(base: string, config: Config, rep: number, record: (id: WorkloadId, value: number) => void): Promise<void> {
   const file = path.join(base, `seq-${rep}.bin`);
   await dropCaches();
@@ -208,6 +236,11 @@ async function runOnce(base: string, config: Config, rep: number, record: (id: W
   await dropCaches();
   record("small_stat", await smallStat(dir, config.files));
   await sh('rm -rf -- "$1"', dir);
+
+  const db = path.join(base, `sqlite-${rep}.db`);
+  await dropCaches();
+  record("sqlite_wal", await sqliteWal(db, config.rows));
+  await sh('rm -f -- "$1" "$1-wal" "$1-shm"', db);
 }
 
 // ---------------------------------------------------------------------------
@@ -277,6 +310,7 @@ const WORKLOADS: ReadonlyArray<{ id: WorkloadId; title: (c: Config) => string; u
   { id: "seq_read", title: (c) => `sequential read, ${size(c.seqMiB)} in 1 MiB blocks`, unit: "MB/s" },
   { id: "small_create", title: (c) => `create+write+close, ${c.files.toLocaleString("en-US")} files of 4 KiB`, unit: "files/s" },
   { id: "small_stat", title: (c) => `stat, ${c.files.toLocaleString("en-US")} files`, unit: "stats/s" },
+  { id: "sqlite_wal", title: (c) => `SQLite WAL inserts, ${c.rows.toLocaleString("en-US")} rows in transactions of ${SQLITE_BATCH}`, unit: "rows/s" },
 ];
 
 function size(mib: number): string {
@@ -303,7 +337,7 @@ function num(value: number): string {
 
 /** Section 1 as results.json holds it. */
 interface PassthroughSection {
-  config: { quick: boolean; seqBytes: number; seqBlockBytes: number; files: number; fileBytes: number; repetitions: number };
+  config: { quick: boolean; seqBytes: number; seqBlockBytes: number; files: number; fileBytes: number; sqliteRows: number; sqliteBatch: number; repetitions: number };
   environment: Record<string, unknown>;
   paths: { direct: Record<string, unknown>; ours: Record<string, unknown>; bindfs: { description: string; command: string } };
   workloads: WorkloadResult[];
@@ -316,7 +350,7 @@ function passthroughMarkdown(section: PassthroughSection): string {
     "",
     `Medians of ${config.repetitions} run${config.repetitions === 1 ? "" : "s"}${config.quick ? " (--quick)" : ""}, page cache dropped before every timed step; higher is better.`,
     `${String(env.cpus)} CPUs, kernel ${String(env.kernel)}, ${String(env.bindfs)}; commit ${String(env.commit).slice(0, 12)}${env.dirty ? " (dirty)" : ""}; ${String(env.date)}.`,
-    `ours = the driver's FUSE mount (fuse-native, bind-mounted to the publish target); bindfs = \`${section.paths.bindfs.command}\`.`,
+    `ours = the driver's FUSE mount (our libfuse3 server, bind-mounted to the publish target); bindfs = \`${section.paths.bindfs.command}\`.`,
     "",
     "| workload | unit | direct | ours | bindfs | ours/direct | ours/bindfs |",
     "|---|---|--:|--:|--:|--:|--:|",
@@ -398,11 +432,11 @@ async function runPassthrough(config: Config, dir: string, baseEnv: Record<strin
 
     const bindfsCommand = `bindfs ${BINDFS_OPTIONS.join(" ")} SRC DST`;
     return {
-      config: { quick: config.quick, seqBytes: config.seqMiB * MiB, seqBlockBytes: MiB, files: config.files, fileBytes: SMALL_FILE_BYTES, repetitions: config.repetitions },
+      config: { quick: config.quick, seqBytes: config.seqMiB * MiB, seqBlockBytes: MiB, files: config.files, fileBytes: SMALL_FILE_BYTES, sqliteRows: config.rows, sqliteBatch: SQLITE_BATCH, repetitions: config.repetitions },
       environment: { ...env, backingFileSystem: backingFs },
       paths: {
         direct: { description: "a plain directory beside the volume's work tree, on the same file system" },
-        ours: { description: "the published target of a real volume: the mount owner's FUSE passthrough (fuse-native) of the work tree, bind-mounted", fsType: oursMount.fsType, source: oursMount.source },
+        ours: { description: "the published target of a real volume: the mount owner's FUSE server (native, libfuse3) over the work tree, bind-mounted", fsType: oursMount.fsType, source: oursMount.source },
         bindfs: { description: "bindfs over a plain directory on the same file system", command: bindfsCommand },
       },
       workloads: summarize(config, samples),

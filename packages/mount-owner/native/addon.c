@@ -6,6 +6,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -79,6 +80,20 @@ static void *serve(void *arg)
 	return NULL;
 }
 
+/*
+ * Threads of ours start with every signal blocked, as libfuse's workers do:
+ * Node's main thread takes the signals.
+ */
+int start_thread(pthread_t *thread, void *(*run)(void *), void *arg)
+{
+	sigset_t all, old;
+	sigfillset(&all);
+	pthread_sigmask(SIG_SETMASK, &all, &old);
+	int err = pthread_create(thread, NULL, run, arg);
+	pthread_sigmask(SIG_SETMASK, &old, NULL);
+	return err;
+}
+
 /* libfuse splits -o at unescaped commas: escaped, a name cannot add options. */
 static char *mount_options(const char *fsname)
 {
@@ -133,7 +148,7 @@ static int start_session(struct volume *v, const char *fsname)
 		fuse_session_destroy(v->se);
 		return EIO;
 	}
-	int err = pthread_create(&v->loop, NULL, serve, v);
+	int err = start_thread(&v->loop, serve, v);
 	if (err != 0) {
 		fuse_session_unmount(v->se);
 		fuse_session_destroy(v->se);

@@ -64,7 +64,7 @@ void fence(struct volume *v)
 	if (atomic_exchange(&v->fenced, true))
 		return;
 	pthread_mutex_lock(&v->life);
-	if (!v->ended && !v->invalidating && pthread_create(&v->invalidation, NULL, invalidate_all, v) == 0)
+	if (!v->ended && !v->invalidating && start_thread(&v->invalidation, invalidate_all, v) == 0)
 		v->invalidating = true;
 	pthread_mutex_unlock(&v->life);
 }

@@ -39,9 +39,13 @@ static struct node *node_or_stale(fuse_req_t req, fuse_ino_t ino)
 	return n;
 }
 
-static void proc_path(char *buf, size_t size, int fd)
+#define PROC_PATH_SIZE 32
+
+/* The inode behind an O_PATH descriptor, by path: chmod, truncate and open have no form for one. */
+static const char *proc_path(char buf[PROC_PATH_SIZE], int fd)
 {
-	snprintf(buf, size, "/proc/self/fd/%d", fd);
+	snprintf(buf, PROC_PATH_SIZE, "/proc/self/fd/%d", fd);
+	return buf;
 }
 
 static void reply_result(fuse_req_t req, int res)
@@ -212,27 +216,20 @@ static int set_times(const struct node *n, const struct stat *attr, int to_set,
 		return -1;
 	if (S_ISLNK(st.st_mode))
 		return utimensat(n->fd, "", times, AT_EMPTY_PATH | AT_SYMLINK_NOFOLLOW);
-	char path[64];
-	proc_path(path, sizeof(path), n->fd);
-	return utimensat(AT_FDCWD, path, times, 0);
+	char path[PROC_PATH_SIZE];
+	return utimensat(AT_FDCWD, proc_path(path, n->fd), times, 0);
 }
 
 static int set_mode(const struct node *n, mode_t mode, struct fuse_file_info *fi)
 {
-	if (fi != NULL)
-		return fchmod(fi->fh, mode);
-	char path[64];
-	proc_path(path, sizeof(path), n->fd);
-	return chmod(path, mode);
+	char path[PROC_PATH_SIZE];
+	return fi != NULL ? fchmod(fi->fh, mode) : chmod(proc_path(path, n->fd), mode);
 }
 
 static int set_size(const struct node *n, off_t size, struct fuse_file_info *fi)
 {
-	if (fi != NULL)
-		return ftruncate(fi->fh, size);
-	char path[64];
-	proc_path(path, sizeof(path), n->fd);
-	return truncate(path, size);
+	char path[PROC_PATH_SIZE];
+	return fi != NULL ? ftruncate(fi->fh, size) : truncate(proc_path(path, n->fd), size);
 }
 
 /* chown before chmod: a chown clears setuid and setgid, a mode set with it keeps them. */
@@ -391,9 +388,8 @@ static void op_rename(fuse_req_t req, fuse_ino_t parent, const char *name, fuse_
 /* Reopens a node through /proc with the caller's flags; O_NOFOLLOW would refuse the magic link. */
 static int reopen(const struct node *n, int flags)
 {
-	char path[64];
-	proc_path(path, sizeof(path), n->fd);
-	return open(path, flags & ~(O_NOFOLLOW | O_CREAT | O_EXCL));
+	char path[PROC_PATH_SIZE];
+	return open(proc_path(path, n->fd), flags & ~(O_NOFOLLOW | O_CREAT | O_EXCL));
 }
 
 static void op_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
@@ -466,15 +462,6 @@ static void op_write_buf(fuse_req_t req, fuse_ino_t ino, struct fuse_bufvec *in,
 		fuse_reply_err(req, -written);
 	else
 		fuse_reply_write(req, written);
-}
-
-/* Writes reach the backing file at once: a close has nothing left to push. */
-static void op_flush(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
-{
-	(void)ino;
-	(void)fi;
-	if (!refused(req))
-		fuse_reply_err(req, 0);
 }
 
 /* Never refused: the backing descriptor must close whatever the epoch. */
@@ -640,7 +627,11 @@ const struct fuse_lowlevel_ops gitcsi_ops = {
 	.create = op_create,
 	.read = op_read,
 	.write_buf = op_write_buf,
-	.flush = op_flush,
+	/*
+	 * No flush: writes reach the backing file at once, so a close has nothing
+	 * to push; told ENOSYS once, the kernel stops sending FLUSH, a round trip
+	 * less per close. Locks are the kernel's, released without it.
+	 */
 	.release = op_release,
 	.fsync = op_fsync,
 	.fallocate = op_fallocate,

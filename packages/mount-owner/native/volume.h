@@ -88,5 +88,6 @@ void fence_settle(struct volume *v);
 void fence_join(struct volume *v);
 
 void volume_put(struct volume *v);
+int start_thread(pthread_t *thread, void *(*run)(void *), void *arg);
 
 #endif
