@@ -146,6 +146,8 @@ static void op_init(void *userdata, struct fuse_conn_info *conn)
 	 * cached file, and the git worker changes files under the mount.
 	 */
 	conn->want &= ~FUSE_CAP_WRITEBACK_CACHE;
+	/* Lookups and creates in one directory, and reads of one file, run in parallel. */
+	conn->want |= conn->capable & (FUSE_CAP_PARALLEL_DIROPS | FUSE_CAP_ASYNC_READ);
 	if (conn->capable & FUSE_CAP_SPLICE_WRITE)
 		conn->want |= FUSE_CAP_SPLICE_WRITE;
 	if (conn->capable & FUSE_CAP_SPLICE_MOVE)

@@ -267,6 +267,13 @@ describe('fuse passthrough', () => {
     assert.equal(backingText(volume, 'root-only'), 'root\n');
   });
 
+  test('the process serving the mount may itself use it, synchronously: no JavaScript serves an operation', () => {
+    fs.writeFileSync(join(volume.mnt, 'self'), 'written by the server\'s own thread\n');
+    fs.appendFileSync(join(volume.mnt, 'self'), 'and again\n');
+    assert.equal(fs.readFileSync(join(volume.mnt, 'self'), 'utf8'), 'written by the server\'s own thread\nand again\n');
+    assert.equal(backingText(volume, 'self'), 'written by the server\'s own thread\nand again\n');
+  });
+
   test('unmount leaves no mount behind', async () => {
     await mount.unmount();
     assert.equal(await isMounted(volume.mnt), false);
