@@ -8,7 +8,7 @@ import { createVolume, type Driver, mountCapability, publish, SINGLE_NODE_WRITER
 import { type GitServer, startGitDaemon } from "../src/git-server";
 
 // A non-root application, the Kubernetes way: the node advertises
-// VOLUME_MOUNT_GROUP, the kubelet passes the pod's fsGroup as
+// VOLUME_MOUNT_GROUP (spine.test.ts), the kubelet passes the pod's fsGroup as
 // volume_mount_group, and the driver applies it to the backing tree; the
 // application's process (uid 1000, supplementary group 1000) writes through the
 // real FUSE mount as itself, and its files reach the remote and a restore.
@@ -35,11 +35,6 @@ describe("fsGroup: volume_mount_group on the backing tree, a uid-1000 applicatio
 
   const treeOf = (volumeId: string) => path.join(driver.stateDir, "trees", volumeId);
   const remoteFile = (repo: string, file: string) => server.git(repo, "show", `main:${file}`).catch(() => undefined);
-
-  test("the node advertises VOLUME_MOUNT_GROUP", async () => {
-    const answer = await call(driver.node.nodeGetCapabilities.bind(driver.node), {}, T);
-    assert.ok(answer.capabilities.some((c) => c.rpc?.type === csi.NodeServiceCapability_RPC_Type.VOLUME_MOUNT_GROUP));
-  });
 
   test("a uid-1000 process creates, reopens, appends, chmods and renames; the files are its own, reach the remote, and come back on a restore", async () => {
     await server.createRepo("app.git", { files: { "config.yaml": "a: 1\n", "sub/existing.txt": "x\n" } });

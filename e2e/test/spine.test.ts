@@ -57,13 +57,13 @@ describe("the spine: three services, the CSI surface, a real FUSE mount", () => 
     assert.equal(probe.ready, true);
   });
 
-  test("capabilities: the controller creates, deletes and modifies volumes and is never asked to attach; the node stages", async () => {
+  test("capabilities: the controller creates, deletes and modifies volumes and is never asked to attach; the node stages and takes the pod's fsGroup", async () => {
     const controller = await call(driver.controller.controllerGetCapabilities.bind(driver.controller), {}, T);
     const C = csi.ControllerServiceCapability_RPC_Type;
     assert.deepEqual(controller.capabilities.map((c) => c.rpc?.type).sort(), [C.CREATE_DELETE_VOLUME, C.MODIFY_VOLUME, C.SINGLE_NODE_MULTI_WRITER].sort());
     const node = await call(driver.node.nodeGetCapabilities.bind(driver.node), {}, T);
     const N = csi.NodeServiceCapability_RPC_Type;
-    assert.deepEqual(node.capabilities.map((c) => c.rpc?.type).sort(), [N.STAGE_UNSTAGE_VOLUME, N.SINGLE_NODE_MULTI_WRITER].sort());
+    assert.deepEqual(node.capabilities.map((c) => c.rpc?.type).sort(), [N.STAGE_UNSTAGE_VOLUME, N.SINGLE_NODE_MULTI_WRITER, N.VOLUME_MOUNT_GROUP].sort());
     const plugin = await call(driver.identity.getPluginCapabilities.bind(driver.identity), {}, T);
     assert.deepEqual(plugin.capabilities.map((c) => c.service?.type), [csi.PluginCapability_Service_Type.CONTROLLER_SERVICE]);
     const info = await call(driver.node.nodeGetInfo.bind(driver.node), {}, T);
