@@ -33,7 +33,7 @@ const SMALL_FILE_BYTES = 4096;
 /** Section 2's trees: directories of this many files of FILE_BYTES each. */
 const FILES_PER_DIR = 1000;
 const FILE_BYTES = 100;
-/** bindfs adds allow_other itself when run as root; big_writes matches ours (libfuse 2.9 otherwise writes 4 KiB at a time). */
+/** bindfs adds allow_other itself when run as root; big_writes gives it 128 KiB writes (libfuse 2.9 otherwise writes 4 KiB at a time). */
 const BINDFS_OPTIONS = ["-o", "big_writes"];
 
 type PathId = "direct" | "ours" | "bindfs";
