@@ -241,6 +241,8 @@ describe("the fault matrix", () => {
     const server = await startGitDaemon();
     cleanups.push(() => server.stop());
     const driver = await startDriver({ metricsPort: await freePort(), ...options });
+    // Gigabytes of trees and objects: later tests that read /tmp need not wade through them.
+    cleanups.push(() => fs.rm(driver.dir, { recursive: true, force: true }));
     cleanups.push(() => driver.stop());
     cleanups.push(() => fs.writeFile(logFileOf(name), driver.logs()));
     const repo = `${name}.git`;
