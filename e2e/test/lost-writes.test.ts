@@ -10,7 +10,8 @@ import { status } from "@grpc/grpc-js";
 import { createVolume, type Driver, freePort, metricsText, metricValue, reasons, report, run, setVolumeClass, sh, stageAndPublish, startDriver, volumeLogs, waitFor } from "../src/driver";
 import { type GitServer, startGitDaemon } from "../src/git-server";
 
-const T = 120_000;
+// Correctness, not speed: a 200 MB push on a busy 2-core machine takes its time.
+const T = 300_000;
 
 /** Waits until a git command whose argv names this volume's pathspec file runs: the commit is staging now. */
 async function whileStaging(driver: Driver, volumeId: string): Promise<void> {
@@ -60,13 +61,15 @@ describe("no acknowledged write is lost", () => {
     await sh(`head -c 200000000 /dev/urandom > '${t}/big.bin' && echo t > '${t}/t.tmp'`);
     await whileStaging(driver, volume.volumeId);
     await sh(`rm '${t}/t.tmp' && echo b > '${t}/b.txt'`);
-    await waitFor("b.txt pushed", () => server.git(repo, "show", "main:b.txt").catch(() => undefined), T);
+    await waitFor("b.txt pushed", () => server.git(repo, "show", "main:b.txt").catch(() => undefined), T).catch((err: Error) => {
+      throw new Error(`${err.message}\n${volumeLogs(driver, volume.volumeId)}`);
+    });
     assert.equal(await server.git(repo, "cat-file", "-s", "main:big.bin"), "200000000");
     assert.equal(await server.git(repo, "ls-tree", "--name-only", "main", "t.tmp"), "", "the vanished temp file is not committed");
     const settled = await waitFor("nothing pending", async () => {
       const r = await report(driver, volume.volumeId);
       return r.pendingPaths.length === 0 && r.unpushedCommits === 0 && r;
-    });
+    }, T);
     assert.deepEqual(settled.abnormal, []);
     assert.doesNotMatch(volumeLogs(driver, volume.volumeId), /sync failed/);
     await call(driver.node.nodeUnpublishVolume.bind(driver.node), { volumeId: volume.volumeId, targetPath: volume.targetPath }, T);
@@ -79,8 +82,10 @@ describe("no acknowledged write is lost", () => {
     await sh(`echo kept > '${volume.targetPath}/kept.txt'`);
     await waitFor("kept.txt pending", async () => (await report(driver, volume.volumeId)).pendingPaths.includes("kept.txt"));
     // An object store git cannot write: a read-only bind mount over it, which root cannot write either.
-    const [repoDir] = await fs.readdir(path.join(driver.stateDir, "repos"));
-    const objects = path.join(driver.stateDir, "repos", repoDir!, "objects");
+    // The volume's own repository: the one whose worktrees name the volume.
+    const repos = path.join(driver.stateDir, "repos");
+    const owners = await Promise.all((await fs.readdir(repos)).map(async (r) => ((await fs.stat(path.join(repos, r, "worktrees", volume.volumeId)).catch(() => undefined)) ? r : undefined)));
+    const objects = path.join(repos, owners.find(Boolean)!, "objects");
     await run("mount", ["--bind", objects, objects]);
     await run("mount", ["-o", "remount,ro,bind", objects]);
     try {
