@@ -6,6 +6,7 @@ import type { gitcsi, gitWorker } from "@git-csi/protos";
 import { volumeBranchRef } from "./stage";
 import { branchOfRef, exists, type Store, UPSTREAM_PREFIX, upstreamRef } from "./store";
 import { countCommits, revParse } from "./tree";
+import { runGit } from "./git";
 
 /** What the worker remembers of a volume whose tree it keeps: the source it follows. */
 export async function rememberSource(store: Store, volumeId: string, source: gitcsi.VolumeSource): Promise<void> {
@@ -41,9 +42,9 @@ export async function removeTree(store: Store, volumeId: string, source: gitcsi.
   const unpushedCommits = head === "" ? 0 : await countCommits(repo, sidePushed || (await revParse(repo, upstreamRef(branch))), head);
   await fs.rm(treePath, { recursive: true, force: true });
   await fs.rm(store.scratchDir(volumeId), { recursive: true, force: true });
-  await repo.raw(["worktree", "unlock", treePath]).catch(() => undefined);
-  await repo.raw(["worktree", "prune"]);
-  await repo.raw(["update-ref", "-d", volumeBranchRef(volumeId)]).catch(() => undefined);
+  await runGit(repo, ["worktree", "unlock", treePath]).catch(() => undefined);
+  await runGit(repo, ["worktree", "prune"]);
+  await runGit(repo, ["update-ref", "-d", volumeBranchRef(volumeId)]).catch(() => undefined);
   await fs.rm(store.volumeDir(volumeId), { recursive: true, force: true });
   const held = [unpushedCommits > 0 ? `${unpushedCommits} commit(s) no push sent` : "", sidePushed !== "" ? `the side branch ${side}` : ""].filter(Boolean);
   logger.log(held.length > 0 ? "warn" : "info", `removed the work tree ${treePath}${held.length > 0 ? `; it held ${held.join(" and ")}` : "; every commit in it was pushed"}`, {
@@ -84,11 +85,11 @@ export async function collectGarbage(store: Store, logger: Logger, onRepository:
       }
       const repo = store.repo(users[0]!.source.url);
       const followed = new Set(users.flatMap(followedBranches).map(upstreamRef));
-      const refs = (await repo.raw(["for-each-ref", "--format=%(refname)", `${UPSTREAM_PREFIX}heads/`])).split("\n").filter(Boolean);
+      const refs = (await runGit(repo, ["for-each-ref", "--format=%(refname)", `${UPSTREAM_PREFIX}heads/`])).split("\n").filter(Boolean);
       const stale = refs.filter((r) => !followed.has(r));
-      for (const ref of stale) await repo.raw(["update-ref", "-d", ref]);
-      await repo.raw(["worktree", "prune"]);
-      await repo.raw(["gc", "--quiet"]);
+      for (const ref of stale) await runGit(repo, ["update-ref", "-d", ref]);
+      await runGit(repo, ["worktree", "prune"]);
+      await runGit(repo, ["gc", "--quiet"]);
       logger.info(`collected ${repoDir}`, { operation: "gc", staleRefs: stale.length, trees: users.length });
     });
   }

@@ -1,4 +1,12 @@
-import { GitError, type SimpleGit } from "simple-git";
+import { REMOTE_TRANSPORTS } from "@git-csi/config";
+import type { Logger } from "@git-csi/logging";
+import { GitError, simpleGit, type SimpleGit } from "simple-git";
+
+/*
+ * The git worker's one way to run git: the environment every command gets
+ * (gitIn), the author a commit names (authorEnv), and the runner that logs
+ * each command and raises its failure with argv and stderr (runGit).
+ */
 
 /** How many of a command's arguments an error shows: a pathspec list can hold thousands. */
 const ARGV_SHOWN = 12;
@@ -9,9 +17,14 @@ export class GitCommandError extends Error {
     readonly argv: string[],
     readonly stderr: string,
   ) {
-    const shown = argv.length > ARGV_SHOWN ? [...argv.slice(0, ARGV_SHOWN), `… (${argv.length - ARGV_SHOWN} more)`] : argv;
+    const shown = (argv.length > ARGV_SHOWN ? [...argv.slice(0, ARGV_SHOWN), `… (${argv.length - ARGV_SHOWN} more)`] : argv).map(withoutUserinfo);
     super(`git ${shown.join(" ")}: ${stderr}`);
   }
+}
+
+/** An https URL's user:password is a secret: an error never shows it. */
+function withoutUserinfo(arg: string): string {
+  return arg.replace(/^([a-z]+:\/\/)[^@/\s]+@/i, "$1…@");
 }
 
 /**
@@ -20,9 +33,79 @@ export class GitCommandError extends Error {
  * rejects, and carries the argv.
  */
 export async function runGit(git: SimpleGit, argv: string[]): Promise<string> {
+  const started = Date.now();
   try {
-    return await git.raw(argv);
+    const out = await git.raw(argv);
+    log?.debug(`git ${argv[0]}`, { operation: "git", ms: Date.now() - started });
+    return out;
   } catch (err) {
-    throw new GitCommandError(argv, (err instanceof GitError ? err.message : String(err)).trim());
+    const failed = new GitCommandError(argv, gitMessage(err));
+    log?.debug(`git ${argv[0]} failed`, { operation: "git", ms: Date.now() - started, error: failed.stderr });
+    throw failed;
   }
+}
+
+/** git's own words in a failure, without what simple-git or the runner added. */
+export function gitMessage(err: unknown): string {
+  if (err instanceof GitCommandError) return err.stderr;
+  return (err instanceof GitError ? err.message : String(err)).trim();
+}
+
+let log: Logger | undefined;
+
+/**
+ * Where runGit logs, at debug: the subcommand and its time, never its argv,
+ * which can hold a remote URL's userinfo.
+ */
+export function logGitTo(logger: Logger): void {
+  log = logger;
+}
+
+/**
+ * Only the transports forges serve, in git's own configuration of every
+ * command the worker runs: a remote URL, a redirect or a submodule that names
+ * a local path, file://, ext:: or another helper transport is refused by git
+ * too, not only by the CSI frontend's check of the volume's URL. file and ext
+ * are named as well: a protocol.file.allow=always in a user's or the system's
+ * configuration (common since git made submodules ask for it) would win over
+ * protocol.allow.
+ */
+const REMOTE_ONLY = [
+  "protocol.allow=never",
+  "protocol.file.allow=never",
+  "protocol.ext.allow=never",
+  ...REMOTE_TRANSPORTS.map((transport) => `protocol.${transport}.allow=always`),
+];
+
+/** git run in an existing directory, with a clean environment: no prompt ever waits for a terminal. */
+export function gitIn(cwd: string, env: Record<string, string>, config: string[] = []): SimpleGit {
+  // The credential helper, ssh command and protocol settings are always the worker's own, never input.
+  const unsafe = { allowUnsafeCredentialHelper: true, allowUnsafeSshCommand: true, allowUnsafeProtocolOverride: true };
+  return simpleGit({ baseDir: cwd, trimmed: false, config: [...REMOTE_ONLY, ...config], unsafe }).env({
+    PATH: process.env.PATH ?? "/usr/bin:/bin",
+    HOME: process.env.HOME ?? "/",
+    GIT_TERMINAL_PROMPT: "0",
+    ...env,
+  });
+}
+
+/** Who a commit names: git reads author and committer from these, and the driver writes both as the class's author. */
+export interface Author {
+  name: string;
+  email: string;
+}
+
+/** The environment that makes git write author as both author and committer. */
+export function authorEnv(author: Author): Record<string, string> {
+  return { GIT_AUTHOR_NAME: author.name, GIT_AUTHOR_EMAIL: author.email, GIT_COMMITTER_NAME: author.name, GIT_COMMITTER_EMAIL: author.email };
+}
+
+/** How many paths one command takes: a command line has a length limit. */
+export const ARGV_BATCH = 500;
+
+/** items, size at a time. */
+export function chunks<T>(items: T[], size = ARGV_BATCH): T[][] {
+  const out: T[][] = [];
+  for (let i = 0; i < items.length; i += size) out.push(items.slice(i, i + size));
+  return out;
 }

@@ -3,6 +3,7 @@ import type { SimpleGit } from "simple-git";
 import { type Decision, decideClaim, type Refused, decideRelease, decideRenew, describeRefusal, formatRecord, type Holder, type OwnerRecord, parseRecord, RecordError, serveUntil } from "./ownership";
 import { type Fence, fetchOwner, type PushResult, pushUpdates, RemoteError } from "./remote";
 import { ownerRef, upstreamOwnerRef } from "./store";
+import { authorEnv, runGit } from "./git";
 
 /** Runs a git command against the remote with the volume's credential. */
 export type OnRemote = <T>(operation: (repo: SimpleGit) => Promise<T>) => Promise<T>;
@@ -141,7 +142,7 @@ export class MountLease {
       this.record = undefined;
       return;
     }
-    const message = await this.local().raw(["show", "-s", "--format=%B", this.oid]);
+    const message = await runGit(this.local(), ["show", "-s", "--format=%B", this.oid]);
     try {
       this.record = parseRecord(message);
     } catch (err) {
@@ -157,17 +158,10 @@ export class MountLease {
 
   /** A root commit of the empty tree: records replace each other, so the remote keeps no history of renewals. */
   private async commitRecord(record: OwnerRecord): Promise<string> {
-    const emptyTree = (await this.local().raw(["hash-object", "-t", "tree", "-w", "/dev/null"])).trim();
+    const emptyTree = (await runGit(this.local(), ["hash-object", "-t", "tree", "-w", "/dev/null"])).trim();
     const date = `${Math.floor(record.time / 1000)} +0000`;
-    const git = this.local({
-      GIT_AUTHOR_NAME: RECORD_AUTHOR.name,
-      GIT_AUTHOR_EMAIL: RECORD_AUTHOR.email,
-      GIT_COMMITTER_NAME: RECORD_AUTHOR.name,
-      GIT_COMMITTER_EMAIL: RECORD_AUTHOR.email,
-      GIT_AUTHOR_DATE: date,
-      GIT_COMMITTER_DATE: date,
-    });
-    return (await git.raw(["commit-tree", emptyTree, "-m", formatRecord(record)])).trim();
+    const git = this.local({ ...authorEnv(RECORD_AUTHOR), GIT_AUTHOR_DATE: date, GIT_COMMITTER_DATE: date });
+    return (await runGit(git, ["commit-tree", emptyTree, "-m", formatRecord(record)])).trim();
   }
 
   private step<T>(work: () => Promise<T>): Promise<T> {

@@ -12,6 +12,7 @@ import { CredentialBroker } from "./broker";
 import { collectGarbage } from "./gc";
 import { gitWorkerService, type Syncs } from "./service";
 import { Store } from "./store";
+import { logGitTo } from "./git";
 
 /** One collection at a time; a failure is logged and the next one tries again. */
 function serialCollector(store: Store, logger: Logger, perRepository: KeyedSerial): () => Promise<void> {
@@ -34,6 +35,7 @@ async function main(): Promise<void> {
     { name: "kubeconfig", help: "kubeconfig of the API server that receives the volumes' events on their pods and claims; empty: the pod's service account in a cluster, none outside one", default: "" },
   ]);
   const logger = createLogger("git-worker");
+  logGitTo(logger);
   const store = new Store(flags["state-dir"]!);
   const metrics = new DriverMetrics();
   const syncs: Syncs = new Map();

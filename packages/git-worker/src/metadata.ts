@@ -4,7 +4,7 @@ import * as fs from "node:fs/promises";
 import * as path from "node:path";
 import type { SimpleGit } from "simple-git";
 import { isAbsent, METADATA_REF, orAbsent } from "@git-csi/config";
-import { gitIn } from "./store";
+import { type Author, authorEnv, gitIn, runGit } from "./git";
 
 /**
  * Spec 004: "The driver records modes, owners, and empty directories on a ref
@@ -50,7 +50,7 @@ export interface RecordOptions {
    * that share one index file must not run at the same time.
    */
   indexFile: string;
-  author: { name: string; email: string };
+  author: Author;
   /**
    * git in the volume's work tree (Store.tree). When given, what git ignores
    * there (the repository's .gitignore and the class's ignore) is not
@@ -322,7 +322,7 @@ class BaseListings {
     const found: (TreeBlob & { dir: string })[] = [];
     const paths = [...byPath.keys()];
     for (let i = 0; i < paths.length; i += ARG_BATCH) {
-      const text = await this.git.raw(["--literal-pathspecs", "ls-tree", "-l", "-z", this.commit, "--", ...paths.slice(i, i + ARG_BATCH)]);
+      const text = await runGit(this.git, ["--literal-pathspecs", "ls-tree", "-l", "-z", this.commit, "--", ...paths.slice(i, i + ARG_BATCH)]);
       for (const b of parseLsTree(text)) {
         const dir = byPath.get(b.path);
         if (dir !== undefined && b.type === "blob" && b.size <= MAX_LISTING_BYTES) found.push({ ...b, dir });
@@ -455,7 +455,7 @@ async function ignoredAmong(tree: SimpleGit | undefined, paths: string[]): Promi
   if (asked.length > ARG_BATCH) {
     // Many paths (a branch's first record walks the whole tree): one listing of what git
     // ignores, rather than one check-ignore per batch that each reads the whole index.
-    const listed = (await tree.raw(["ls-files", "-z", "--others", "--ignored", "--exclude-standard", "--directory"])).split("\0").filter((p) => p !== "");
+    const listed = (await runGit(tree, ["ls-files", "-z", "--others", "--ignored", "--exclude-standard", "--directory"])).split("\0").filter((p) => p !== "");
     const files = new Set(listed);
     const dirs = listed.filter((p) => p.endsWith("/"));
     for (const p of asked) if (files.has(p) || files.has(`${p}/`) || dirs.some((d) => p.startsWith(d))) out.add(p);
@@ -463,7 +463,7 @@ async function ignoredAmong(tree: SimpleGit | undefined, paths: string[]): Promi
   }
   for (let i = 0; i < asked.length; i += ARG_BATCH) {
     // Exit status 1 with nothing on stderr means none is ignored: simple-git resolves it with "".
-    const text = await tree.raw(["--no-literal-pathspecs", "check-ignore", "--", ...asked.slice(i, i + ARG_BATCH).map((p) => `./${p}`)]);
+    const text = await runGit(tree, ["--no-literal-pathspecs", "check-ignore", "--", ...asked.slice(i, i + ARG_BATCH).map((p) => `./${p}`)]);
     for (const line of text.split("\n")) {
       const p = unquoteGitPath(line);
       if (p !== "") out.add(p.startsWith("./") ? p.slice(2) : p);
@@ -475,16 +475,8 @@ async function ignoredAmong(tree: SimpleGit | undefined, paths: string[]): Promi
 // ---- recording ------------------------------------------------------------------
 
 /** git in the same repository as `repo`, with its own index and the metadata author. */
-function privateGit(gitDir: string, indexFile: string, author: { name: string; email: string }, env: Record<string, string> = {}): SimpleGit {
-  return gitIn(gitDir, {
-    GIT_DIR: gitDir,
-    GIT_INDEX_FILE: indexFile,
-    GIT_AUTHOR_NAME: author.name,
-    GIT_AUTHOR_EMAIL: author.email,
-    GIT_COMMITTER_NAME: author.name,
-    GIT_COMMITTER_EMAIL: author.email,
-    ...env,
-  });
+function privateGit(gitDir: string, indexFile: string, author: Author, env: Record<string, string> = {}): SimpleGit {
+  return gitIn(gitDir, { GIT_DIR: gitDir, GIT_INDEX_FILE: indexFile, ...authorEnv(author), ...env });
 }
 
 /**
@@ -509,10 +501,10 @@ function privateGit(gitDir: string, indexFile: string, author: { name: string; e
  * record again on top of where it is now with the same changed paths.
  */
 export async function recordMetadata(opts: RecordOptions): Promise<string> {
-  const gitDir = (await opts.repo.raw(["rev-parse", "--absolute-git-dir"])).trim();
+  const gitDir = (await runGit(opts.repo, ["rev-parse", "--absolute-git-dir"])).trim();
   const indexFile = path.resolve(opts.indexFile);
   const git = privateGit(gitDir, indexFile, opts.author);
-  if (opts.base !== "" && (await git.raw(["rev-parse", "--verify", "--quiet", `${opts.base}^{commit}`])).trim() === "") {
+  if (opts.base !== "" && (await runGit(git, ["rev-parse", "--verify", "--quiet", `${opts.base}^{commit}`])).trim() === "") {
     throw new Error(`the metadata base ${opts.base} is not a commit`);
   }
   const view = new TreeView(opts.treeDir);
@@ -642,10 +634,10 @@ export async function recordMetadata(opts: RecordOptions): Promise<string> {
     const oids = await writeBlobs(git, scratch, writes.map((w) => w.text));
     // The index is the caller's own and rebuilt from base: a lock left by a crash is stale.
     await fs.rm(`${indexFile}.lock`, { force: true });
-    await git.raw(opts.base === "" ? ["read-tree", "--empty"] : ["read-tree", opts.base]);
+    await runGit(git, opts.base === "" ? ["read-tree", "--empty"] : ["read-tree", opts.base]);
     for (let i = 0; i < writes.length; i += ARG_BATCH) {
       const args = writes.slice(i, i + ARG_BATCH).flatMap((w, j) => ["--cacheinfo", `100644,${oids[i + j]},${listingPath(opts.branch, w.dir)}`]);
-      await git.raw(["update-index", "--add", ...args]);
+      await runGit(git, ["update-index", "--add", ...args]);
     }
     if (removes.length > 0) {
       // update-index takes paths only with a work tree: an empty one it never reads.
@@ -653,13 +645,13 @@ export async function recordMetadata(opts: RecordOptions): Promise<string> {
       await fs.mkdir(emptyTree);
       const remover = privateGit(gitDir, indexFile, opts.author, { GIT_WORK_TREE: emptyTree });
       for (let i = 0; i < removes.length; i += ARG_BATCH) {
-        await remover.raw(["update-index", "--force-remove", "--", ...removes.slice(i, i + ARG_BATCH)]);
+        await runGit(remover, ["update-index", "--force-remove", "--", ...removes.slice(i, i + ARG_BATCH)]);
       }
     }
-    const tree = (await git.raw(["write-tree"])).trim();
-    if (opts.base !== "" && tree === (await git.raw(["rev-parse", `${opts.base}^{tree}`])).trim()) return opts.base;
+    const tree = (await runGit(git, ["write-tree"])).trim();
+    if (opts.base !== "" && tree === (await runGit(git, ["rev-parse", `${opts.base}^{tree}`])).trim()) return opts.base;
     const message = `git-csi metadata: ${opts.branch}: ${writes.length} listing(s) written, ${removes.length} dropped`;
-    return (await git.raw(["commit-tree", tree, ...(opts.base === "" ? [] : ["-p", opts.base]), "-m", message])).trim();
+    return (await runGit(git, ["commit-tree", tree, ...(opts.base === "" ? [] : ["-p", opts.base]), "-m", message])).trim();
   } finally {
     await fs.rm(scratch, { recursive: true, force: true });
   }
@@ -671,7 +663,7 @@ async function writeBlobs(git: SimpleGit, scratch: string, texts: string[]): Pro
   for (let i = 0; i < texts.length; i += ARG_BATCH) {
     const files = texts.slice(i, i + ARG_BATCH).map((_, j) => path.join(scratch, `listing-${i + j}`));
     await Promise.all(files.map((f, j) => fs.writeFile(f, texts[i + j]!, { mode: 0o600 })));
-    const out = (await git.raw(["hash-object", "-w", "--no-filters", "--", ...files])).split("\n").filter((l) => l !== "");
+    const out = (await runGit(git, ["hash-object", "-w", "--no-filters", "--", ...files])).split("\n").filter((l) => l !== "");
     if (out.length !== files.length) throw new Error(`git hash-object wrote ${out.length} object(s) for ${files.length} listing(s)`);
     oids.push(...out);
   }
@@ -716,10 +708,10 @@ export async function replayMetadata(opts: ReplayOptions): Promise<ReplayResult>
   };
   const rootStat = await fs.lstat(opts.treeDir);
   if (!rootStat.isDirectory()) throw new Error(`the tree ${opts.treeDir} is not a directory`);
-  const commit = (await opts.repo.raw(["rev-parse", "--verify", "--quiet", `${opts.metadata}^{commit}`])).trim();
+  const commit = (await runGit(opts.repo, ["rev-parse", "--verify", "--quiet", `${opts.metadata}^{commit}`])).trim();
   if (commit === "") throw new Error(`the metadata ${opts.metadata} is not a commit`);
   const branchTree = branchTreeName(opts.branch);
-  const records = parseLsTree(await opts.repo.raw(["--literal-pathspecs", "ls-tree", "-r", "-l", "-z", commit, "--", branchTree]));
+  const records = parseLsTree(await runGit(opts.repo, ["--literal-pathspecs", "ls-tree", "-r", "-l", "-z", commit, "--", branchTree]));
 
   const wanted: (TreeBlob & { key: string })[] = [];
   for (const r of records) {

@@ -1,13 +1,11 @@
-import { GitError, type SimpleGit } from "simple-git";
+import type { SimpleGit } from "simple-git";
 import { METADATA_REF } from "@git-csi/config";
 import { ownerRef, UPSTREAM_METADATA, upstreamOwnerRef, upstreamRef } from "./store";
 import { isAncestor, revParse } from "./tree";
+import { gitMessage, runGit } from "./git";
 
 export type FetchResult = "fetched" | "missing";
 
-function messageOf(err: unknown): string {
-  return (err instanceof GitError ? err.message : String(err)).trim();
-}
 
 export class RemoteError extends Error {}
 
@@ -24,10 +22,10 @@ export async function fetchBranch(repo: SimpleGit, branch: string, withMetadata 
     await fetch(repo, [`+refs/heads/${branch}:${upstreamRef(branch)}`, ...(withMetadata ? [METADATA_REFSPEC] : [])]);
     return "fetched";
   } catch (err) {
-    const message = messageOf(err);
+    const message = gitMessage(err);
     if (/couldn't find remote ref/i.test(message)) {
       // The branch is gone upstream: so is what the node knew of it.
-      await repo.raw(["update-ref", "-d", upstreamRef(branch)]).catch(() => undefined);
+      await runGit(repo, ["update-ref", "-d", upstreamRef(branch)]).catch(() => undefined);
       return "missing";
     }
     throw new RemoteError(`fetch of ${branch} failed: ${message}`);
@@ -37,13 +35,13 @@ export async function fetchBranch(repo: SimpleGit, branch: string, withMetadata 
 /** Fetches refs/git-csi/metadata; "" when the remote has none yet. */
 export async function fetchMetadata(repo: SimpleGit): Promise<string> {
   await fetch(repo, [METADATA_REFSPEC]).catch((err: unknown) => {
-    throw new RemoteError(`fetch of ${METADATA_REF} failed: ${messageOf(err)}`);
+    throw new RemoteError(`fetch of ${METADATA_REF} failed: ${gitMessage(err)}`);
   });
   return revParse(repo, UPSTREAM_METADATA);
 }
 
 function fetch(repo: SimpleGit, refspecs: string[]): Promise<string> {
-  return repo.raw(["fetch", "--quiet", "--prune", "--no-tags", "--no-write-fetch-head", "origin", ...refspecs]);
+  return runGit(repo, ["fetch", "--quiet", "--prune", "--no-tags", "--no-write-fetch-head", "origin", ...refspecs]);
 }
 
 /**
@@ -83,13 +81,13 @@ export async function pushUpdates(repo: SimpleGit, updates: RefUpdate[]): Promis
   const leases = updates.map((u) => `--force-with-lease=${u.ref}:${u.expected}`);
   const refspecs = updates.map((u) => `${u.next}:${u.ref}`);
   try {
-    await repo.raw(["push", "--porcelain", ...(updates.length > 1 ? ["--atomic"] : []), ...leases, "origin", ...refspecs]);
+    await runGit(repo, ["push", "--porcelain", ...(updates.length > 1 ? ["--atomic"] : []), ...leases, "origin", ...refspecs]);
   } catch (err) {
-    const message = messageOf(err);
+    const message = gitMessage(err);
     if (REF_MOVED.test(message)) return { outcome: "rejected", message };
     return { outcome: "failed", message };
   }
-  for (const u of updates) await repo.raw(u.next === "" ? ["update-ref", "-d", u.seen] : ["update-ref", u.seen, u.next]);
+  for (const u of updates) await runGit(repo, u.next === "" ? ["update-ref", "-d", u.seen] : ["update-ref", u.seen, u.next]);
   return { outcome: "pushed" };
 }
 
@@ -126,9 +124,9 @@ export async function fetchOwner(repo: SimpleGit, volumeId: string): Promise<str
   try {
     await fetch(repo, [`+${ownerRef(volumeId)}:${seen}`]);
   } catch (err) {
-    const message = messageOf(err);
+    const message = gitMessage(err);
     if (!/couldn't find remote ref/i.test(message)) throw new RemoteError(`fetch of ${ownerRef(volumeId)} failed: ${message}`);
-    await repo.raw(["update-ref", "-d", seen]).catch(() => undefined);
+    await runGit(repo, ["update-ref", "-d", seen]).catch(() => undefined);
   }
   return revParse(repo, seen);
 }

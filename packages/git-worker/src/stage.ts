@@ -6,6 +6,7 @@ import type { RemoteAccess } from "./access";
 import { type FetchResult, fetchBranch } from "./remote";
 import { branchOfRef, exists, missingRef, type Store, upstreamRef } from "./store";
 import { revParse } from "./tree";
+import { runGit } from "./git";
 
 export interface PreparedTree {
   treePath: string;
@@ -50,9 +51,9 @@ export async function prepareTree(store: Store, volumeId: string, source: gitcsi
   }
   if (!hasTree) {
     if (fetched !== "fetched") throw missingRef(source.url, branch);
-    if (hasGitDir) await repo.raw(["worktree", "unlock", treePath]).then(() => repo.raw(["worktree", "prune"]));
+    if (hasGitDir) await runGit(repo, ["worktree", "unlock", treePath]).then(() => runGit(repo, ["worktree", "prune"]));
     await fs.mkdir(path.dirname(treePath), { recursive: true });
-    await repo.raw(["worktree", "add", "--quiet", "--lock", "-B", volumeBranch(volumeId), treePath, upstreamRef(branch)]);
+    await runGit(repo, ["worktree", "add", "--quiet", "--lock", "-B", volumeBranch(volumeId), treePath, upstreamRef(branch)]);
     // The application sees only its own files: git reaches the tree through GIT_DIR.
     await fs.rm(path.join(treePath, ".git"));
   }

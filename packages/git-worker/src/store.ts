@@ -1,10 +1,11 @@
 import { createHash } from "node:crypto";
 import * as fs from "node:fs/promises";
 import * as path from "node:path";
-import { simpleGit, type SimpleGit } from "simple-git";
-import { BRANCH_RULE, branchOf, REMOTE_TRANSPORTS, remoteUrlProblem } from "@git-csi/config";
+import type { SimpleGit } from "simple-git";
+import { BRANCH_RULE, branchOf, remoteUrlProblem } from "@git-csi/config";
 import { failedPrecondition, invalidArgument } from "@git-csi/protos";
 import type { RemoteOptions } from "./access";
+import { gitIn, runGit } from "./git";
 
 /**
  * The node's git store: one bare repository per URL under repos/, shared by
@@ -75,8 +76,8 @@ export class Store {
     const dir = this.repoDir(url);
     if (!(await exists(path.join(dir, "HEAD")))) {
       await fs.mkdir(dir, { recursive: true });
-      await gitAt(dir, {}).raw(["init", "--bare", "--quiet", dir]);
-      await this.repo(url).raw(["config", "remote.origin.url", url]);
+      await runGit(gitAt(dir, {}), ["init", "--bare", "--quiet", dir]);
+      await runGit(this.repo(url), ["config", "remote.origin.url", url]);
     }
     return this.repo(url);
   }
@@ -126,34 +127,6 @@ export function missingRef(url: string, branch: string): Error {
 /** git for a path whose parent exists: git finds its repository through the environment. */
 function gitAt(dir: string, env: Record<string, string>, config: string[] = []): SimpleGit {
   return gitIn(path.dirname(dir), env, config);
-}
-
-/**
- * Only the transports forges serve, in git's own configuration of every
- * command the worker runs: a remote URL, a redirect or a submodule that names
- * a local path, file://, ext:: or another helper transport is refused by git
- * too, not only by the CSI frontend's check of the volume's URL. file and ext
- * are named as well: a protocol.file.allow=always in a user's or the system's
- * configuration (common since git made submodules ask for it) would win over
- * protocol.allow.
- */
-const REMOTE_ONLY = [
-  "protocol.allow=never",
-  "protocol.file.allow=never",
-  "protocol.ext.allow=never",
-  ...REMOTE_TRANSPORTS.map((transport) => `protocol.${transport}.allow=always`),
-];
-
-/** git run in an existing directory, with a clean environment: no prompt ever waits for a terminal. */
-export function gitIn(cwd: string, env: Record<string, string>, config: string[] = []): SimpleGit {
-  // The credential helper, ssh command and protocol settings are always the worker's own, never input.
-  const unsafe = { allowUnsafeCredentialHelper: true, allowUnsafeSshCommand: true, allowUnsafeProtocolOverride: true };
-  return simpleGit({ baseDir: cwd, trimmed: false, config: [...REMOTE_ONLY, ...config], unsafe }).env({
-    PATH: process.env.PATH ?? "/usr/bin:/bin",
-    HOME: process.env.HOME ?? "/",
-    GIT_TERMINAL_PROMPT: "0",
-    ...env,
-  });
 }
 
 export async function exists(p: string): Promise<boolean> {

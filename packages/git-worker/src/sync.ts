@@ -15,7 +15,7 @@ import type { MountLease } from "./lease";
 import { deleteBranch, type Fence, fetchBranch, fetchMetadata, pushCommit, pushMetadata, type PushResult, RemoteError } from "./remote";
 import { type Store, UPSTREAM_METADATA, upstreamRef } from "./store";
 import { canMoveTree, countCommits, isAncestor, moveTree, revParse, stageChanges, stagedPaths, statusOf } from "./tree";
-import { runGit } from "./git";
+import { authorEnv, runGit } from "./git";
 import { type PreparedTree, volumeBranchRef } from "./stage";
 
 /** Where a volume's events go besides its report and the log: Kubernetes' recorder in a cluster. */
@@ -206,9 +206,7 @@ export class VolumeSync {
   }
 
   private authorEnv(): Record<string, string> {
-    if (!this.policy) return {};
-    const { name, email } = this.policy.author;
-    return { GIT_AUTHOR_NAME: name, GIT_AUTHOR_EMAIL: email, GIT_COMMITTER_NAME: name, GIT_COMMITTER_EMAIL: email };
+    return this.policy ? authorEnv(this.policy.author) : {};
   }
 
   /** Runs one step after every step before it. */

@@ -1,7 +1,7 @@
 import * as fs from "node:fs/promises";
 import * as path from "node:path";
 import type { SimpleGit } from "simple-git";
-import { GitCommandError, runGit } from "./git";
+import { chunks, GitCommandError, runGit } from "./git";
 
 /** The commit a ref names, or "" when it names none; a git that fails is an error, never "absent". */
 export async function revParse(git: SimpleGit, ref: string): Promise<string> {
@@ -35,7 +35,7 @@ export interface PathStatus {
  */
 export async function statusOf(git: SimpleGit, paths?: string[]): Promise<PathStatus[]> {
   const out: PathStatus[] = [];
-  for (const batch of paths === undefined ? [undefined] : chunks(paths, 500)) {
+  for (const batch of paths === undefined ? [undefined] : chunks(paths)) {
     const text = await runGit(git, ["status", "--porcelain=v1", "-z", "--untracked-files=all", "--no-renames", ...(batch ? ["--", ...batch] : [])]);
     for (const entry of text.split("\0")) {
       if (entry.length < 4) continue;
@@ -87,8 +87,8 @@ export async function stagedPaths(git: SimpleGit): Promise<string[]> {
  * changed between the two commits.
  */
 export async function canMoveTree(git: SimpleGit, from: string, to: string): Promise<boolean> {
-  await git.raw(["update-index", "-q", "--refresh"]).catch(() => undefined);
-  return git.raw(["read-tree", "-m", "-u", "-n", from, to]).then(
+  await runGit(git, ["update-index", "-q", "--refresh"]).catch(() => undefined);
+  return runGit(git, ["read-tree", "-m", "-u", "-n", from, to]).then(
     () => true,
     () => false,
   );
@@ -101,13 +101,7 @@ export async function canMoveTree(git: SimpleGit, from: string, to: string): Pro
  */
 export async function moveTree(git: SimpleGit, branchRef: string, from: string, to: string): Promise<boolean> {
   if (!(await canMoveTree(git, from, to))) return false;
-  await git.raw(["read-tree", "-m", "-u", from, to]);
-  await git.raw(["update-ref", branchRef, to, from]);
+  await runGit(git, ["read-tree", "-m", "-u", from, to]);
+  await runGit(git, ["update-ref", branchRef, to, from]);
   return true;
-}
-
-function chunks<T>(items: T[], size: number): T[][] {
-  const out: T[][] = [];
-  for (let i = 0; i < items.length; i += size) out.push(items.slice(i, i + size));
-  return out;
 }
