@@ -11,7 +11,8 @@ import { MountLease, type OnRemote } from "./lease";
 import type { AccessModeName, Holder } from "./ownership";
 import { prepareTree } from "./stage";
 import { branchOfRef, checkRemoteUrl, type Store } from "./store";
-import { type EventSink, VolumeSync } from "./sync";
+import { VolumeSync } from "./sync";
+import type { EventSink } from "./volume";
 
 /** The volumes this worker watches, by volume id. */
 export type Syncs = Map<string, VolumeSync>;

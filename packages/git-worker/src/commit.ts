@@ -1,0 +1,149 @@
+import * as fs from "node:fs/promises";
+import * as path from "node:path";
+import { formatDuration, orAbsent, Reason } from "@git-csi/config";
+import { type CsiError, internal } from "@git-csi/protos";
+import { runGit } from "./git";
+import type { VolumeReporter } from "./report";
+import type { SyncScheduler } from "./schedule";
+import { revParse, stageChanges, stagedPaths, statusOf } from "./tree";
+import type { VolumeState } from "./volume";
+
+/** Paths the driver never commits: libfuse's names for open, unlinked files. */
+const ALWAYS_IGNORED = [".fuse_hidden*"];
+/** How many of a commit's paths its message lists. */
+const PATHS_LISTED = 50;
+
+/**
+ * Committing, spec 004 "What happens after a write": which written paths
+ * are pending, and a commit of them as they are now. A path leaves the
+ * pending set only once a commit holds it or git shows it unchanged.
+ */
+export class VolumeCommitter {
+  constructor(
+    private readonly s: VolumeState,
+    private readonly report: VolumeReporter,
+    private readonly scheduler: SyncScheduler,
+    /** Counts again what the remote lacks, after a commit. */
+    private readonly refreshUnpushed: () => Promise<void>,
+  ) {}
+
+  /** A path the watcher saw written. */
+  noteChange(relative: string): void {
+    // The tree's root itself (an fsGroup applied, a chmod of the mount): the volume's, never committed or recorded.
+    if (relative === "") return;
+    this.s.changed.add(relative);
+    this.s.metadataChanged.add(relative);
+  }
+
+  /** The class's ignore list, and libfuse's, as the tree's excludes file. */
+  async writeExcludes(): Promise<void> {
+    const file = this.s.ctx.store.excludesFile(this.s.volumeId);
+    await fs.mkdir(path.dirname(file), { recursive: true });
+    await fs.writeFile(file, [...ALWAYS_IGNORED, ...(this.s.policy?.ignore ?? [])].map((p) => `${p}\n`).join(""));
+  }
+
+  /** Asks git which of the watcher's paths changed and are not ignored. */
+  async refreshPending(): Promise<void> {
+    const s = this.s;
+    const scanAll = s.fullScan;
+    const asked = scanAll ? undefined : [...s.changed];
+    s.fullScan = false;
+    s.changed.clear();
+    if (asked?.length === 0) return;
+    const statuses = await statusOf(s.tree, asked);
+    if (scanAll) s.pending.clear();
+    for (const p of asked ?? []) s.pending.delete(p);
+    const before = s.pending.size;
+    for (const status of statuses) s.pending.add(status.path);
+    if (s.policy && before === 0 && s.pending.size > 0) {
+      this.report.emit(Reason.Pending, "Normal", `${s.pending.size} changed path(s) wait for ${formatDuration(s.policy.quiesceMs)} of quiet before the commit`);
+    }
+    this.report.publishMetrics();
+  }
+
+  /**
+   * A commit that fails keeps every path pending, turns the volume abnormal
+   * and is tried again with backoff; the caller sees the failure, so an
+   * unstage never answers over writes no commit holds.
+   */
+  async commitOrRetry(trigger: string): Promise<void> {
+    try {
+      await this.commit(trigger);
+    } catch (err) {
+      throw this.commitFailed(err);
+    }
+    if (this.s.lastCommitError !== "") {
+      this.s.lastCommitError = "";
+      this.s.commitFailures = 0;
+      this.s.log("info", "committed again after failed commits", "commit");
+    }
+  }
+
+  private commitFailed(err: unknown): CsiError {
+    const s = this.s;
+    const message = err instanceof Error ? err.message : String(err);
+    s.commitFailures++;
+    if (message !== s.lastCommitError) {
+      this.report.emit(Reason.CommitFailed, "Warning", `${s.pending.size} written path(s) could not be committed; they stay in the node's work tree and the driver retries: ${message}`);
+    }
+    s.lastCommitError = message;
+    this.scheduler.failed(s.commitFailures);
+    this.report.publishMetrics();
+    return internal(`volume ${s.volumeId}: ${s.pending.size} written path(s) could not be committed, so they are not safe to leave the node yet; the driver retries: ${message}`);
+  }
+
+  /** Commits the pending paths. */
+  private async commit(trigger: string): Promise<void> {
+    const asked = [...this.s.pending];
+    if (asked.length === 0) return;
+    const tooLarge = await this.stage(asked);
+    const staged = await stagedPaths(this.s.tree);
+    if (staged.length > 0) await this.writeCommit(staged, trigger);
+    this.noteSkipped(asked, tooLarge);
+    for (const p of asked) this.s.pending.delete(p);
+    await this.refreshUnpushed();
+  }
+
+  /** Stages what changed of these paths as they are now; the ones over commit.maxFileSize stay out. */
+  private async stage(asked: string[]): Promise<Map<string, number>> {
+    const maxFileSize = this.s.policy!.maxFileSizeBytes;
+    const pathspecFile = path.join(this.s.volumeDir, "pathspec");
+    let tooLarge = new Map<string, number>();
+    await stageChanges(this.s.tree, pathspecFile, asked, async (changed) => {
+      tooLarge = new Map();
+      for (const status of changed) {
+        // A file that vanished since git listed it is staged as whatever git sees: never too large.
+        const stat = status.deleted ? undefined : await orAbsent(fs.lstat(path.join(this.s.treeDir, status.path)));
+        if (stat?.isFile() && stat.size > maxFileSize) tooLarge.set(status.path, stat.size);
+      }
+      return changed.filter((status) => !tooLarge.has(status.path)).map((status) => status.path);
+    });
+    return tooLarge;
+  }
+
+  /** Plumbing, not `git commit`: that re-checks every tracked file, and the cost must follow the change. */
+  private async writeCommit(staged: string[], trigger: string): Promise<void> {
+    const s = this.s;
+    const subject = `${s.claim.name ? `${s.claim.namespace}/${s.claim.name}` : s.volumeId}: ${staged.length} path(s) after ${trigger}`;
+    const more = staged.length > PATHS_LISTED ? `\n… and ${staged.length - PATHS_LISTED} more` : "";
+    const body = staged.slice(0, PATHS_LISTED).join("\n") + more;
+    const tree = s.tree;
+    const parent = await revParse(tree, "HEAD");
+    const treeOid = (await runGit(tree, ["write-tree"])).trim();
+    const commit = (await runGit(tree, ["commit-tree", treeOid, "-p", parent, "-m", subject, "-m", body])).trim();
+    await runGit(tree, ["update-ref", "-m", "git-csi: commit", "HEAD", commit, parent]);
+    this.scheduler.committed();
+    s.log("info", "committed", "commit", { paths: staged.length, trigger });
+  }
+
+  private noteSkipped(asked: string[], tooLarge: Map<string, number>): void {
+    const skipped = this.s.skipped;
+    for (const p of asked) if (!tooLarge.has(p)) skipped.delete(p);
+    for (const [p, size] of tooLarge) {
+      if (!skipped.has(p)) {
+        this.report.emit(Reason.FileSkipped, "Warning", `${p} is ${size} bytes, over commit.maxFileSize ${this.s.policy!.maxFileSizeBytes}: it is not committed; add it to the class's ignore or raise commit.maxFileSize`);
+      }
+      skipped.set(p, size);
+    }
+  }
+}

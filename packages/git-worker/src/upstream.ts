@@ -1,0 +1,210 @@
+import * as fs from "node:fs/promises";
+import * as path from "node:path";
+import { orAbsent, Reason } from "@git-csi/config";
+import type { SimpleGit } from "simple-git";
+import { runGit } from "./git";
+import { replayMetadata } from "./metadata";
+import { deleteBranch, fetchBranch, fetchMetadata } from "./remote";
+import type { VolumeReporter } from "./report";
+import type { SyncScheduler } from "./schedule";
+import { type PreparedTree, volumeBranchRef } from "./stage";
+import { upstreamRef } from "./store";
+import { canMoveTree, countCommits, isAncestor, moveTree, revParse, statusOf } from "./tree";
+import type { VolumeState } from "./volume";
+
+/**
+ * The volume against its ref, spec 004 "When upstream moves": what the
+ * remote lacks, the rebase in the scratch worktree, the side branch, and the
+ * return from it once a person merged it.
+ */
+export class VolumeUpstream {
+  constructor(
+    private readonly s: VolumeState,
+    private readonly report: VolumeReporter,
+    private readonly scheduler: SyncScheduler,
+  ) {}
+
+  /** Counts the commits the push branch lacks. */
+  async refreshUnpushed(): Promise<void> {
+    const s = this.s;
+    const head = await revParse(s.tree, "HEAD");
+    const pushed = await revParse(s.repo, upstreamRef(s.pushBranch));
+    s.unpushed = head === "" ? 0 : await countCommits(s.repo, pushed, head);
+    if (s.unpushed === 0 && s.pending.size === 0) this.scheduler.caughtUp();
+    this.report.publishMetrics();
+  }
+
+  /**
+   * Spec 004, "When upstream moves", at stage: behind takes upstream, ahead
+   * changes nothing, diverged rebases (or moves to the side branch), and a
+   * tree with uncommitted writes is left as it is whatever upstream did. A
+   * side branch on the remote means the volume still pushes there, unless a
+   * person merged it.
+   */
+  async reconcileAtStage(fetched: PreparedTree["fetched"]): Promise<void> {
+    const s = this.s;
+    if (fetched === "skipped") {
+      // The side branch the node last pushed tells where pushes go until the credential allows a fetch.
+      s.onSideBranch = (await revParse(s.repo, upstreamRef(s.sideBranch))) !== "";
+      return;
+    }
+    s.onSideBranch = (await s.remote((repo) => fetchBranch(repo, s.sideBranch))) === "fetched";
+    if (fetched === "missing") {
+      s.onSideBranch = true;
+      this.noteRefDeleted();
+      return;
+    }
+    if (s.onSideBranch) {
+      await this.tryToHeal();
+      if (s.onSideBranch) this.report.emit(Reason.Diverged, "Warning", `the volume pushes to ${s.sideBranch} until it is merged into ${s.branch} on the forge`);
+      return;
+    }
+    await this.followUpstreamAtStage();
+  }
+
+  /** Behind, ahead or diverged from the ref that was just fetched, with a clean tree. */
+  private async followUpstreamAtStage(): Promise<void> {
+    const s = this.s;
+    const head = await revParse(s.tree, "HEAD");
+    const upstream = await revParse(s.repo, upstreamRef(s.branch));
+    if (head === upstream || (await isAncestor(s.repo, upstream, head))) return;
+    if ((await statusOf(s.tree)).length > 0) {
+      this.report.noteUpstreamMoved();
+      return;
+    }
+    if (await isAncestor(s.repo, head, upstream)) {
+      await moveTree(s.tree, volumeBranchRef(s.volumeId), head, upstream);
+      s.log("info", "the tree took upstream", "stage", { from: head, to: upstream });
+      return;
+    }
+    const rebased = await this.rebaseInScratch(head, upstream);
+    if (rebased === undefined || !(await moveTree(s.tree, volumeBranchRef(s.volumeId), head, rebased))) {
+      await this.moveToSideBranch(`the tree and ${s.branch} diverged and rebasing at stage conflicted`);
+      return;
+    }
+    this.report.emit(Reason.Rebased, "Normal", `${s.branch} moved upstream while the volume was away; its commits were rebased onto it at stage`);
+  }
+
+  /** A restore: a new tree takes the modes, owners and empty directories the metadata ref recorded. */
+  async replayMetadata(): Promise<void> {
+    const s = this.s;
+    const metadata = await s.remote((repo) => fetchMetadata(repo));
+    if (metadata === "") return;
+    const result = await replayMetadata({
+      repo: s.repo,
+      treeDir: s.treeDir,
+      branch: s.branch,
+      metadata,
+      log: (message, fields) => s.log("warn", message, "replay_metadata", fields),
+    });
+    s.log("info", "replayed modes, owners and empty directories", "replay_metadata", { applied: result.applied, refused: result.refused.length });
+  }
+
+  /**
+   * Fetches the ref and rebases the tree's commits onto it in the scratch
+   * worktree, beside the pod's tree; then moves the pod's tree to the result
+   * in one step. Returns why it could not, for the side branch's message.
+   */
+  async rebaseOntoUpstream(head: string): Promise<{ commit: string } | string> {
+    const s = this.s;
+    if ((await s.remote((repo) => fetchBranch(repo, s.branch, true))) === "missing") {
+      this.noteRefDeleted();
+      return `${s.branch} was deleted upstream`;
+    }
+    const upstream = await revParse(s.repo, upstreamRef(s.branch));
+    // Only the metadata ref moved (another volume of the repository pushed): nothing to rebase.
+    if (await isAncestor(s.repo, upstream, head)) return { commit: head };
+    const rebased = await this.rebaseInScratch(head, upstream);
+    if (rebased === undefined) return `rebasing onto ${s.branch} conflicted and was aborted`;
+    if (!(await canMoveTree(s.tree, head, rebased))) return "a file the application changed since the last commit was also changed upstream";
+    return { commit: rebased };
+  }
+
+  private noteRefDeleted(): void {
+    this.s.refDeleted = true;
+    this.report.emit(Reason.RefDeleted, "Warning", `${this.s.branch} was deleted upstream; the volume's commits go to ${this.s.sideBranch} so nothing is lost`);
+  }
+
+  /** The pod's tree takes a rebased commit that landed, in one step. */
+  async takeRebased(head: string, rebased: string): Promise<void> {
+    if (await moveTree(this.s.tree, volumeBranchRef(this.s.volumeId), head, rebased)) {
+      this.report.emit(Reason.Rebased, "Normal", `${this.s.branch} moved upstream; the volume's commits were rebased onto it and the pod's tree took upstream's files`);
+    } else {
+      // The application wrote a file upstream changed after the check: the next cycle's rebase decides.
+      this.s.log("warn", "the pod's tree keeps its commit until the next cycle: the application changed a file upstream changed too", "rebase");
+    }
+  }
+
+  /**
+   * The rebased commit, or undefined when the rebase conflicted (and was
+   * aborted). Any other failure is git's error, never taken for a conflict.
+   */
+  private async rebaseInScratch(head: string, onto: string): Promise<string | undefined> {
+    const git = await this.scratchAt(head);
+    try {
+      await runGit(git, ["rebase", "--quiet", onto]);
+    } catch (err) {
+      // Not a conflict: the next scratchAt aborts what is left, or makes the scratch again.
+      if ((await runGit(git, ["diff", "--name-only", "--diff-filter=U"])).trim() === "") throw err;
+      await runGit(git, ["rebase", "--abort"]);
+      return undefined;
+    }
+    return revParse(git, "HEAD");
+  }
+
+  /**
+   * The scratch worktree, checked out at head with no rebase in progress. It
+   * holds nothing of its own, so one a killed worker left broken (a rebase
+   * half done, a lock) is made again rather than trusted.
+   */
+  private async scratchAt(head: string): Promise<SimpleGit> {
+    const s = this.s;
+    const scratch = s.ctx.store.scratchDir(s.volumeId);
+    // simple-git wants its directory to exist when it is made.
+    const git = () => s.ctx.store.scratch(s.volumeId, s.authorEnv());
+    if (await orAbsent(fs.stat(scratch))) {
+      try {
+        await runGit(git(), ["rebase", "--abort"]).catch((err: Error) => {
+          if (!/no rebase in progress/i.test(err.message)) throw err;
+        });
+        await runGit(git(), ["checkout", "--quiet", "--force", "--detach", head]);
+        return git();
+      } catch (err) {
+        s.log("warn", `the scratch worktree is made again: ${(err as Error).message}`, "rebase");
+        await fs.rm(scratch, { recursive: true, force: true });
+      }
+    }
+    await fs.mkdir(path.dirname(scratch), { recursive: true });
+    await runGit(s.repo, ["worktree", "add", "--quiet", "--detach", "--force", scratch, head]);
+    return git();
+  }
+
+  async moveToSideBranch(why: string): Promise<void> {
+    const s = this.s;
+    s.onSideBranch = true;
+    this.report.emit(
+      Reason.Diverged,
+      "Warning",
+      `${why}: the volume now pushes to ${s.sideBranch} instead of ${s.branch}; merge ${s.sideBranch} into ${s.branch} on the forge and the volume returns to ${s.branch} at its next push. Commits continue.`,
+    );
+    await this.refreshUnpushed();
+  }
+
+  /** On the side branch: once a person merged it into the ref, the volume returns to the ref. */
+  async tryToHeal(): Promise<void> {
+    const s = this.s;
+    const sidePushed = await revParse(s.repo, upstreamRef(s.sideBranch));
+    if ((await s.remote((repo) => fetchBranch(repo, s.branch))) === "missing") return;
+    s.refDeleted = false;
+    const upstream = await revParse(s.repo, upstreamRef(s.branch));
+    if (sidePushed === "" || !(await isAncestor(s.repo, sidePushed, upstream))) return;
+    const head = await revParse(s.tree, "HEAD");
+    const rebased = await this.rebaseInScratch(head, upstream);
+    if (rebased === undefined || !(await moveTree(s.tree, volumeBranchRef(s.volumeId), head, rebased))) return;
+    s.onSideBranch = false;
+    const deleted = await s.fenced((repo, fence) => deleteBranch(repo, s.sideBranch, fence));
+    if (deleted.outcome !== "pushed") s.log("warn", `the merged side branch ${s.sideBranch} stays on the remote: ${deleted.message}`, "heal");
+    this.report.emit(Reason.Healed, "Normal", `${s.sideBranch} was merged into ${s.branch}: the volume is back on ${s.branch} and the side branch is deleted`);
+    await this.refreshUnpushed();
+  }
+}

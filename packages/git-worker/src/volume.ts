@@ -1,0 +1,145 @@
+import { type ClassPolicy, type EventType, type ReasonName, sideBranchOf } from "@git-csi/config";
+import type { InvolvedObject } from "@git-csi/k8s";
+import type { Logger } from "@git-csi/logging";
+import type { ClaimLabels, DriverMetrics } from "@git-csi/metrics";
+import type { gitcsi } from "@git-csi/protos";
+import type { SimpleGit } from "simple-git";
+import type { RemoteAccess } from "./access";
+import { authorEnv } from "./git";
+import type { MountLease } from "./lease";
+import type { Fence, PushResult } from "./remote";
+import type { Store } from "./store";
+
+/** Where a volume's events go besides its report and the log: Kubernetes' recorder in a cluster. */
+export interface EventSink {
+  record(object: InvolvedObject, type: EventType, reason: ReasonName, message: string): void;
+}
+
+export interface SyncContext {
+  store: Store;
+  volumeId: string;
+  source: gitcsi.VolumeSource;
+  branch: string;
+  claim: gitcsi.Claim;
+  logger: Logger;
+  metrics: DriverMetrics;
+  /** How the volume reaches its remote with the stage's credential. */
+  access: RemoteAccess;
+  /** The mount epoch's ownership of the volume: every push carries its fence. */
+  lease: MountLease;
+  /** Posts the volume's events on its claim and pods; none outside a cluster. */
+  events?: EventSink;
+  /** The stage carried a Secret, though a restarted worker may not have it. */
+  credentialExpected: boolean;
+  /** The volume was published before the worker started: a rotation may come with any publish. */
+  published: boolean;
+  /** The stage Secret's fingerprint, to refuse a first publish with another. */
+  stageFingerprint: string;
+  /** Opens access with another Secret's credential. */
+  openAccess(data: Record<string, string>): Promise<RemoteAccess>;
+  /**
+   * Runs work on the URL's bare repository alone: volumes of one URL share it,
+   * and two fetches of one branch would race for its ref's lock.
+   */
+  onRepository<T>(work: () => Promise<T>): Promise<T>;
+}
+
+/**
+ * What one staged volume's sync knows, shared by its parts (commit, push,
+ * report): the paths waiting, what the remote lacks, where pushes go, and
+ * how to reach the tree, the repository and the remote.
+ */
+export class VolumeState {
+  policy?: ClassPolicy;
+  className = "";
+  /** Paths the watcher reported that git has not been asked about yet. */
+  readonly changed = new Set<string>();
+  /** Changed paths, not ignored, not committed. */
+  readonly pending = new Set<string>();
+  /** Every path the watcher saw since the last push, for refs/git-csi/metadata: modes and empty directories too. */
+  readonly metadataChanged = new Set<string>();
+  /** Paths over commit.maxFileSize, with their size. */
+  readonly skipped = new Map<string, number>();
+  fullScan = false;
+  unpushed = 0;
+  lastPushAt = 0;
+  pushFailures = 0;
+  lastPushError = "";
+  commitFailures = 0;
+  lastCommitError = "";
+  onSideBranch = false;
+  refDeleted = false;
+  upstreamMovedOverWrites = false;
+  access: RemoteAccess;
+  lease: MountLease;
+  claim: gitcsi.Claim;
+  pods: gitcsi.Pod[] = [];
+
+  constructor(readonly ctx: SyncContext) {
+    this.access = ctx.access;
+    this.lease = ctx.lease;
+    this.claim = ctx.claim;
+  }
+
+  get volumeId(): string {
+    return this.ctx.volumeId;
+  }
+
+  get branch(): string {
+    return this.ctx.branch;
+  }
+
+  get labels(): ClaimLabels {
+    return { namespace: this.claim.namespace, claim: this.claim.name || this.ctx.volumeId };
+  }
+
+  get tree(): SimpleGit {
+    return this.ctx.store.tree(this.ctx.source.url, this.ctx.volumeId, this.authorEnv());
+  }
+
+  get repo(): SimpleGit {
+    return this.ctx.store.repo(this.ctx.source.url);
+  }
+
+  get treeDir(): string {
+    return this.ctx.store.treeDir(this.ctx.volumeId);
+  }
+
+  get volumeDir(): string {
+    return this.ctx.store.volumeDir(this.ctx.volumeId);
+  }
+
+  get sideBranch(): string {
+    return sideBranchOf(this.ctx.branch, this.ctx.volumeId);
+  }
+
+  get pushBranch(): string {
+    return this.onSideBranch ? this.sideBranch : this.ctx.branch;
+  }
+
+  /** Waits for a credential: the stage had one that a restarted worker lost, and no publish brought it yet. */
+  get waitingForCredential(): boolean {
+    return this.ctx.credentialExpected && !this.access.hasCredential;
+  }
+
+  authorEnv(): Record<string, string> {
+    return this.policy ? authorEnv(this.policy.author) : {};
+  }
+
+  /** Runs a git command against the remote with the volume's credential. */
+  remote<T>(operation: (repo: SimpleGit) => Promise<T>): Promise<T> {
+    return this.access.run((options) => operation(this.ctx.store.repo(this.ctx.source.url, options)));
+  }
+
+  /** A push of the volume with the owner ref's renewal: it lands only while the epoch holds the volume. */
+  fenced(push: (repo: SimpleGit, fence: Fence) => Promise<PushResult>): Promise<PushResult> {
+    return this.lease.fenced(
+      (operation) => this.remote(operation),
+      (fence) => this.remote((repo) => push(repo, fence)),
+    );
+  }
+
+  log(level: "info" | "warn" | "error", message: string, operation: string, fields: Record<string, unknown> = {}): void {
+    this.ctx.logger.log(level, message, { volume: this.ctx.volumeId, operation, ...fields });
+  }
+}
