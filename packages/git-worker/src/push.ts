@@ -1,6 +1,6 @@
 import * as path from "node:path";
 import { METADATA_REF, Reason } from "@git-csi/config";
-import { recordMetadata } from "./metadata";
+import { recordMetadata } from "./metadata-record";
 import { afterMetadataPush, afterPush, commitsToPush, somethingToPush, type SyncOutcome, withoutCredential } from "./push-decisions";
 import { fetchMetadata, pushCommit, pushMetadata, RemoteError } from "./remote";
 import type { VolumeReporter } from "./report";

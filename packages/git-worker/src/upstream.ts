@@ -3,7 +3,7 @@ import * as path from "node:path";
 import { orAbsent, Reason } from "@git-csi/config";
 import type { SimpleGit } from "simple-git";
 import { runGit } from "./git";
-import { replayMetadata } from "./metadata";
+import { replayMetadata } from "./metadata-replay";
 import { deleteBranch, fetchBranch, fetchMetadata } from "./remote";
 import type { VolumeReporter } from "./report";
 import type { SyncScheduler } from "./schedule";

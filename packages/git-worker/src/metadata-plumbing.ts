@@ -1,0 +1,219 @@
+/** The git side of refs/git-csi/metadata: reading listings from a metadata commit, git's ignores, and writing a new commit. */
+import * as fs from "node:fs/promises";
+import * as path from "node:path";
+import type { SimpleGit } from "simple-git";
+import { ARGV_BATCH, type Author, authorEnv, chunks, gitIn, runGit } from "./git";
+import { listingPath, MAX_LISTING_BYTES, type MetadataEntry, parseListing } from "./metadata-format";
+
+export interface TreeBlob {
+  path: string;
+  mode: string;
+  type: string;
+  oid: string;
+  size: number;
+}
+
+/** `ls-tree -l -z` output: `<mode> <type> <oid> <size>\t<path>\0`. */
+export function parseLsTree(text: string): TreeBlob[] {
+  const out: TreeBlob[] = [];
+  for (const record of text.split("\0")) {
+    const m = /^(\d+) (\w+) ([0-9a-f]+) +(-|\d+)\t([\s\S]*)$/.exec(record);
+    if (m) out.push({ mode: m[1]!, type: m[2]!, oid: m[3]!, size: m[4] === "-" ? 0 : Number(m[4]), path: m[5]! });
+  }
+  return out;
+}
+
+/**
+ * The contents of many blobs in a few processes: `git show` prints blobs one
+ * after the other with nothing between them, so ls-tree's sizes cut them
+ * apart. A total that does not add up falls back to one `cat-file` a blob.
+ */
+export async function readBlobs(git: SimpleGit, blobs: { oid: string; size: number }[]): Promise<Map<string, Buffer>> {
+  const out = new Map<string, Buffer>();
+  const unique = [...new Map(blobs.map((b) => [b.oid, b])).values()];
+  let batch: { oid: string; size: number }[] = [];
+  let bytes = 0;
+  const flush = async () => {
+    if (batch.length === 0) return;
+    const buf = await git.showBuffer(batch.map((b) => b.oid));
+    if (buf.length === bytes) {
+      let at = 0;
+      for (const b of batch) {
+        out.set(b.oid, buf.subarray(at, at + b.size));
+        at += b.size;
+      }
+    } else {
+      for (const b of batch) out.set(b.oid, await git.binaryCatFile(["blob", b.oid]));
+    }
+    batch = [];
+    bytes = 0;
+  };
+  for (const b of unique) {
+    if (batch.length >= ARGV_BATCH || (batch.length > 0 && bytes + b.size > 32 * 1024 * 1024)) await flush();
+    batch.push(b);
+    bytes += b.size;
+  }
+  await flush();
+  return out;
+}
+
+export interface BaseListing {
+  oid: string;
+  raw: Buffer;
+  entries: Map<string, MetadataEntry>;
+}
+
+/** The listings of one branch in the base metadata commit, read on demand and in batches. */
+export class BaseListings {
+  private readonly cache = new Map<string, BaseListing | null>();
+
+  constructor(
+    private readonly git: SimpleGit,
+    private readonly commit: string,
+    private readonly branch: string,
+  ) {}
+
+  get(dir: string): BaseListing | null {
+    return this.cache.get(dir) ?? null;
+  }
+
+  async load(dirs: Iterable<string>): Promise<void> {
+    const wanted = [...new Set(dirs)].filter((d) => !this.cache.has(d));
+    for (const d of wanted) this.cache.set(d, null);
+    if (this.commit === "" || wanted.length === 0) return;
+    const byPath = new Map(wanted.map((d) => [listingPath(this.branch, d), d]));
+    const found: (TreeBlob & { dir: string })[] = [];
+    const paths = [...byPath.keys()];
+    for (const batch of chunks(paths)) {
+      const text = await runGit(this.git, ["--literal-pathspecs", "ls-tree", "-l", "-z", this.commit, "--", ...batch]);
+      for (const b of parseLsTree(text)) {
+        const dir = byPath.get(b.path);
+        if (dir !== undefined && b.type === "blob" && b.size <= MAX_LISTING_BYTES) found.push({ ...b, dir });
+      }
+    }
+    const contents = await readBlobs(this.git, found);
+    for (const b of found) {
+      const raw = contents.get(b.oid)!;
+      const parsed = parseListing(raw);
+      // A listing under the wrong key, or one that does not parse, is replaced by what the tree holds.
+      const entries = parsed.problem === undefined && parsed.dir === b.dir ? new Map(parsed.entries.map((e) => [e.name, e])) : new Map<string, MetadataEntry>();
+      this.cache.set(b.dir, { oid: b.oid, raw, entries });
+    }
+  }
+}
+
+/** Undoes git's C-style quoting of a path in command output. */
+function unquoteGitPath(line: string): string {
+  if (!(line.length >= 2 && line.startsWith('"') && line.endsWith('"'))) return line;
+  const bytes: number[] = [];
+  const simple: Record<string, number> = { a: 7, b: 8, t: 9, n: 10, v: 11, f: 12, r: 13, '"': 34, "\\": 92 };
+  const body = Buffer.from(line.slice(1, -1), "utf8");
+  for (let i = 0; i < body.length; i++) {
+    const c = body[i]!;
+    if (c !== 92) {
+      bytes.push(c);
+      continue;
+    }
+    const next = String.fromCharCode(body[i + 1] ?? 0);
+    if (/[0-7]/.test(next)) {
+      bytes.push(parseInt(body.subarray(i + 1, i + 4).toString("latin1"), 8));
+      i += 3;
+    } else {
+      bytes.push(simple[next] ?? body[i + 1]!);
+      i += 1;
+    }
+  }
+  return Buffer.from(bytes).toString("utf8");
+}
+
+/**
+ * The paths among these that git ignores in the work tree; tracked paths are
+ * never ignored. check-ignore takes no literal pathspecs (the store's tree git
+ * sets GIT_LITERAL_PATHSPECS), so it runs without them, each path behind "./"
+ * so that a leading ":" is no pathspec magic. A name with glob characters may
+ * then be taken for tracked and recorded: the error is on the side of keeping.
+ */
+export async function ignoredAmong(tree: SimpleGit | undefined, paths: string[]): Promise<Set<string>> {
+  const out = new Set<string>();
+  if (!tree) return out;
+  const asked = paths.filter((p) => p !== "");
+  if (asked.length > ARGV_BATCH) {
+    // Many paths (a branch's first record walks the whole tree): one listing of what git
+    // ignores, rather than one check-ignore per batch that each reads the whole index.
+    const listed = (await runGit(tree, ["ls-files", "-z", "--others", "--ignored", "--exclude-standard", "--directory"])).split("\0").filter((p) => p !== "");
+    const files = new Set(listed);
+    const dirs = listed.filter((p) => p.endsWith("/"));
+    for (const p of asked) if (files.has(p) || files.has(`${p}/`) || dirs.some((d) => p.startsWith(d))) out.add(p);
+    return out;
+  }
+  for (const batch of chunks(asked)) {
+    // Exit status 1 with nothing on stderr means none is ignored: simple-git resolves it with "".
+    const text = await runGit(tree, ["--no-literal-pathspecs", "check-ignore", "--", ...batch.map((p) => `./${p}`)]);
+    for (const line of text.split("\n")) {
+      const p = unquoteGitPath(line);
+      if (p !== "") out.add(p.startsWith("./") ? p.slice(2) : p);
+    }
+  }
+  return out;
+}
+
+/** git in the same repository as `repo`, with its own index and the metadata author. */
+export function privateGit(gitDir: string, indexFile: string, author: Author, env: Record<string, string> = {}): SimpleGit {
+  return gitIn(gitDir, { GIT_DIR: gitDir, GIT_INDEX_FILE: indexFile, ...authorEnv(author), ...env });
+}
+
+/** Writes blobs through files in a scratch directory: simple-git gives no stdin, and hash-object takes many files in one process. */
+async function writeBlobs(git: SimpleGit, scratch: string, texts: string[]): Promise<string[]> {
+  const oids: string[] = [];
+  for (const [n, batch] of chunks(texts).entries()) {
+    const files = batch.map((_, j) => path.join(scratch, `listing-${n * ARGV_BATCH + j}`));
+    await Promise.all(files.map((f, j) => fs.writeFile(f, batch[j]!, { mode: 0o600 })));
+    const out = (await runGit(git, ["hash-object", "-w", "--no-filters", "--", ...files])).split("\n").filter((l) => l !== "");
+    if (out.length !== files.length) throw new Error(`git hash-object wrote ${out.length} object(s) for ${files.length} listing(s)`);
+    oids.push(...out);
+  }
+  return oids;
+}
+
+/** A listing's new text, by directory. */
+export interface ListingWrite {
+  dir: string;
+  text: string;
+}
+
+/**
+ * The metadata commit on top of base with these listings written and these
+ * listing paths removed, built in a private index; base itself when the tree
+ * comes out the same.
+ */
+export async function writeMetadataCommit(gitDir: string, indexFile: string, author: Author, base: string, branch: string, writes: ListingWrite[], removes: string[]): Promise<string> {
+  const git = privateGit(gitDir, indexFile, author);
+  const near = path.dirname(indexFile);
+  await fs.mkdir(near, { recursive: true });
+  const scratch = await fs.mkdtemp(path.join(near, ".metadata-"));
+  try {
+    const oids = await writeBlobs(git, scratch, writes.map((w) => w.text));
+    // The index is the caller's own and rebuilt from base: a lock left by a crash is stale.
+    await fs.rm(`${indexFile}.lock`, { force: true });
+    await runGit(git, base === "" ? ["read-tree", "--empty"] : ["read-tree", base]);
+    for (const [n, batch] of chunks(writes).entries()) {
+      const args = batch.flatMap((w, j) => ["--cacheinfo", `100644,${oids[n * ARGV_BATCH + j]},${listingPath(branch, w.dir)}`]);
+      await runGit(git, ["update-index", "--add", ...args]);
+    }
+    if (removes.length > 0) await removeFromIndex(gitDir, indexFile, author, scratch, removes);
+    const tree = (await runGit(git, ["write-tree"])).trim();
+    if (base !== "" && tree === (await runGit(git, ["rev-parse", `${base}^{tree}`])).trim()) return base;
+    const message = `git-csi metadata: ${branch}: ${writes.length} listing(s) written, ${removes.length} dropped`;
+    return (await runGit(git, ["commit-tree", tree, ...(base === "" ? [] : ["-p", base]), "-m", message])).trim();
+  } finally {
+    await fs.rm(scratch, { recursive: true, force: true });
+  }
+}
+
+/** update-index takes paths only with a work tree: an empty one it never reads. */
+async function removeFromIndex(gitDir: string, indexFile: string, author: Author, scratch: string, removes: string[]): Promise<void> {
+  const emptyTree = path.join(scratch, "work-tree");
+  await fs.mkdir(emptyTree);
+  const remover = privateGit(gitDir, indexFile, author, { GIT_WORK_TREE: emptyTree });
+  for (const batch of chunks(removes)) await runGit(remover, ["update-index", "--force-remove", "--", ...batch]);
+}
