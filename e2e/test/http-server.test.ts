@@ -1,6 +1,6 @@
 import { after, before, test } from "node:test";
 import * as assert from "node:assert/strict";
-import { existsSync, readdirSync, readFileSync, readlinkSync } from "node:fs";
+import { existsSync, readdirSync, readlinkSync } from "node:fs";
 import { mkdtemp, readFile, rm, writeFile } from "node:fs/promises";
 import * as http from "node:http";
 import * as net from "node:net";
@@ -9,6 +9,7 @@ import * as path from "node:path";
 
 import { runGit, runGitRaw } from "../src/git-server";
 import { startHttpGitServer, type HttpGitServer } from "../src/http-server";
+import { listeningAddrs } from "../src/proc";
 
 let srv: HttpGitServer;
 let work: string;
@@ -48,23 +49,6 @@ function request(
     req.on("error", reject);
     req.end(body);
   });
-}
-
-/** Local addresses ("0100007F:1F90" style, from /proc/net/tcp*) that pid listens on. */
-function listeningAddrs(pid: number): string[] {
-  const inodes = new Set<string>();
-  for (const fd of readdirSync(`/proc/${pid}/fd`)) {
-    const m = /^socket:\[(\d+)\]$/.exec(readlinkSync(`/proc/${pid}/fd/${fd}`));
-    if (m) inodes.add(m[1]);
-  }
-  const out: string[] = [];
-  for (const table of ["/proc/net/tcp", "/proc/net/tcp6"]) {
-    for (const line of readFileSync(table, "utf8").split("\n").slice(1)) {
-      const f = line.trim().split(/\s+/);
-      if (f.length > 9 && f[3] === "0A" && inodes.has(f[9])) out.push(f[1]);
-    }
-  }
-  return out;
 }
 
 const openFiles = (pid: number) =>

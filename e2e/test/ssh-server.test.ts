@@ -1,7 +1,7 @@
 import { after, before, test } from "node:test";
 import * as assert from "node:assert/strict";
 import { spawn } from "node:child_process";
-import { existsSync, readdirSync, readFileSync, readlinkSync } from "node:fs";
+import { existsSync, readdirSync, readFileSync } from "node:fs";
 import { mkdtemp, readFile, rm, writeFile } from "node:fs/promises";
 import * as net from "node:net";
 import * as os from "node:os";
@@ -9,6 +9,7 @@ import * as path from "node:path";
 
 import { gitEnv, runGit, runGitRaw } from "../src/git-server";
 import { startSshGitServer, type SshGitServer } from "../src/ssh-server";
+import { listeningAddrs } from "../src/proc";
 
 let srv: SshGitServer;
 let work: string;
@@ -89,7 +90,12 @@ function descendants(root: number): number[] {
   const tree = new Set([root]);
   for (let grew = true; grew; ) {
     grew = false;
-    for (const [pid, ppid] of procs) if (!tree.has(pid) && tree.has(ppid)) (tree.add(pid), (grew = true));
+    for (const [pid, ppid] of procs) {
+      if (!tree.has(pid) && tree.has(ppid)) {
+        tree.add(pid);
+        grew = true;
+      }
+    }
   }
   tree.delete(root);
   return [...tree];
@@ -102,23 +108,6 @@ const cmdline = (pid: number) => {
     return "";
   }
 };
-
-/** Local addresses ("0100007F:1F90" style, from /proc/net/tcp*) that pid listens on. */
-function listeningAddrs(pid: number): string[] {
-  const inodes = new Set<string>();
-  for (const fd of readdirSync(`/proc/${pid}/fd`)) {
-    const m = /^socket:\[(\d+)\]$/.exec(readlinkSync(`/proc/${pid}/fd/${fd}`));
-    if (m) inodes.add(m[1]);
-  }
-  const out: string[] = [];
-  for (const table of ["/proc/net/tcp", "/proc/net/tcp6"]) {
-    for (const line of readFileSync(table, "utf8").split("\n").slice(1)) {
-      const f = line.trim().split(/\s+/);
-      if (f.length > 9 && f[3] === "0A" && inodes.has(f[9])) out.push(f[1]);
-    }
-  }
-  return out;
-}
 
 const portHex = (port: number) => port.toString(16).toUpperCase().padStart(4, "0");
 

@@ -37,7 +37,7 @@ function durationRule(key: "quiesceMs" | "maxLatencyMs", min: number, max: numbe
 }
 
 /** The class reference: every parameter, its values and its default. The README's table is this table. */
-export const CLASS_PARAMETERS: Record<string, ParameterRule> = {
+const CLASS_PARAMETERS: Record<string, ParameterRule> = {
   "push.quiesce": {
     rule: "a duration from 1s to 1h",
     default: "30s",
@@ -80,7 +80,13 @@ export const CLASS_PARAMETERS: Record<string, ParameterRule> = {
   },
 };
 
+/** gRPC's code for InvalidArgument; config depends on no transport. */
+const INVALID_ARGUMENT = 3;
+
 export class ClassParameterError extends Error {
+  /** A bad parameter is the caller's: each service's error conversion (asCsiError) answers it as InvalidArgument. */
+  readonly code = INVALID_ARGUMENT;
+
   constructor(
     readonly parameter: string,
     readonly rule: string,

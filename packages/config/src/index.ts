@@ -7,3 +7,4 @@ export * from "./events";
 export * from "./absent";
 export * from "./url";
 export * from "./credential";
+export * from "./driver";

@@ -1,4 +1,4 @@
-import { csi, gitcsi, invalidArgument } from "@git-csi/protos";
+import { accessModeNamed, csi, describeAccessMode, gitcsi, invalidArgument } from "@git-csi/protos";
 import { quoted } from "./validate";
 
 const Mode = csi.VolumeCapability_AccessMode_Mode;
@@ -61,26 +61,19 @@ export function capabilityOf(mode: gitcsi.AccessMode): csi.VolumeCapability {
 
 /** The access mode the volume context records, so that a node call that asks for another fails validation. */
 export const ACCESS_MODE_KEY = "accessMode";
-const MODE_NAMES: Record<string, gitcsi.AccessMode> = {
-  ReadWriteOncePod: gitcsi.AccessMode.READ_WRITE_ONCE_POD,
-  ReadWriteOnce: gitcsi.AccessMode.READ_WRITE_ONCE,
-};
-
-export function accessModeName(mode: gitcsi.AccessMode): string {
-  return Object.keys(MODE_NAMES).find((k) => MODE_NAMES[k] === mode) ?? "unspecified";
-}
 
 /** A PersistentVolume's single-node mode, or unspecified when it names neither (or both). */
 export function accessModeOfPersistentVolume(accessModes: string[]): gitcsi.AccessMode {
-  const modes = accessModes.map((m) => MODE_NAMES[m]).filter((m) => m !== undefined);
+  const modes = accessModes.map(accessModeNamed).filter((m) => m !== undefined);
   return modes.length === 1 ? modes[0]! : gitcsi.AccessMode.ACCESS_MODE_UNSPECIFIED;
 }
 
 export function checkContextMode(context: Record<string, string>, requested: gitcsi.AccessMode): void {
   const recorded = context[ACCESS_MODE_KEY];
   if (recorded === undefined) return;
-  if (MODE_NAMES[recorded] === undefined) throw invalidArgument(`volume_context.${ACCESS_MODE_KEY} ${quoted(recorded)} must be ReadWriteOncePod or ReadWriteOnce`);
-  if (MODE_NAMES[recorded] !== requested) {
-    throw invalidArgument(`volume_capability asks for ${accessModeName(requested)} but the volume was created ${recorded}; its access mode cannot change`);
+  const mode = accessModeNamed(recorded);
+  if (mode === undefined) throw invalidArgument(`volume_context.${ACCESS_MODE_KEY} ${quoted(recorded)} must be ReadWriteOncePod or ReadWriteOnce`);
+  if (mode !== requested) {
+    throw invalidArgument(`volume_capability asks for ${describeAccessMode(requested)} but the volume was created ${recorded}; its access mode cannot change`);
   }
 }

@@ -1,8 +1,8 @@
 import { findPersistentVolume, type KubeConfig } from "@git-csi/k8s";
 import type { Logger } from "@git-csi/logging";
 import { status } from "@grpc/grpc-js";
-import { call, CsiError, csi, type gitcsi, invalidArgument, type mountOwner, unary, unavailable } from "@git-csi/protos";
-import { ACCESS_MODE_KEY, accessModeName, accessModeOf, accessModeOfAll, accessModeOfPersistentVolume, capabilityOf } from "./capabilities";
+import { call, CsiError, csi, describeAccessMode, type gitcsi, invalidArgument, type mountOwner, unary, unavailable } from "@git-csi/protos";
+import { ACCESS_MODE_KEY, accessModeOf, accessModeOfAll, accessModeOfPersistentVolume, capabilityOf } from "./capabilities";
 import { checkClassParameters, sourceOf, volumeIdOf } from "./validate";
 
 const TIMEOUT_MS = 30_000;
@@ -67,7 +67,7 @@ export function controllerService(owner: mountOwner.MountOwnerClient, logger: Lo
         volume: {
           volumeId: volume!.volumeId,
           capacityBytes: volume!.capacityBytes,
-          volumeContext: { url: source.url, ref: source.ref, [ACCESS_MODE_KEY]: accessModeName(accessMode) },
+          volumeContext: { url: source.url, ref: source.ref, [ACCESS_MODE_KEY]: describeAccessMode(accessMode) },
           contentSource: undefined,
           accessibleTopology: [],
         },
@@ -90,7 +90,7 @@ export function controllerService(owner: mountOwner.MountOwnerClient, logger: Lo
       request.volumeCapabilities.forEach((capability, i) => {
         try {
           const mode = accessModeOf(capability, `volume_capabilities[${i}]`);
-          if (mode !== volume.accessMode) problems.push(`volume_capabilities[${i}] asks for ${accessModeName(mode)}, the volume is ${accessModeName(volume.accessMode)}`);
+          if (mode !== volume.accessMode) problems.push(`volume_capabilities[${i}] asks for ${describeAccessMode(mode)}, the volume is ${describeAccessMode(volume.accessMode)}`);
         } catch (err) {
           problems.push((err as Error).message);
         }

@@ -1,7 +1,6 @@
+import { DRIVER_NAME } from "@git-csi/config";
 import type { Logger } from "@git-csi/logging";
 import { call, csi, type mountOwner, unary } from "@git-csi/protos";
-
-export const DRIVER_NAME = "git.liken.sh";
 
 export function identityService(version: string, owner: mountOwner.MountOwnerClient, logger: Logger): csi.IdentityServer {
   return {

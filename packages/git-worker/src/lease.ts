@@ -1,10 +1,19 @@
-import type { gitWorker } from "@git-csi/protos";
+import { gitWorker } from "@git-csi/protos";
 import type { SimpleGit } from "simple-git";
-import { type Decision, decideClaim, type Refused, decideRelease, decideRenew, describeRefusal, formatRecord, type Holder, type OwnerRecord, parseRecord, RecordError, serveUntil } from "./ownership";
+import { type Decision, decideClaim, type Refusal, type Refused, decideRelease, decideRenew, describeRefusal, formatRecord, type Holder, type OwnerRecord, parseRecord, RecordError, serveUntil } from "./ownership";
 import { type Fence, fetchOwner, type PushResult, pushUpdates, RemoteError } from "./remote";
 import { ownerRef, upstreamOwnerRef } from "./store";
 import { authorEnv, runGit } from "./git";
 
+
+/** The ownership rules' refusals as the worker API says them. */
+const REFUSALS: Record<Refusal, gitWorker.LeaseRefusal> = {
+  expired: gitWorker.LeaseRefusal.LEASE_REFUSAL_EXPIRED,
+  released: gitWorker.LeaseRefusal.LEASE_REFUSAL_RELEASED,
+  taken: gitWorker.LeaseRefusal.LEASE_REFUSAL_TAKEN,
+  superseded: gitWorker.LeaseRefusal.LEASE_REFUSAL_SUPERSEDED,
+  access_mode: gitWorker.LeaseRefusal.LEASE_REFUSAL_ACCESS_MODE,
+};
 /** Runs a git command against the remote with the volume's credential. */
 export type OnRemote = <T>(operation: (repo: SimpleGit) => Promise<T>) => Promise<T>;
 
@@ -26,7 +35,7 @@ export class MountLease {
   private record?: OwnerRecord;
   /** Why the epoch lost the volume, for the operator, and the refusal it came from. */
   private lost?: string;
-  private lostRefusal = "";
+  private lostRefusal = gitWorker.LeaseRefusal.LEASE_REFUSAL_NONE;
   private chain: Promise<unknown> = Promise.resolve();
 
   constructor(
@@ -56,7 +65,7 @@ export class MountLease {
       const decision = await this.update(remote, this.oid === "", (current, now) => decideRelease(current, this.holder.epoch, now));
       if (!this.lost) {
         this.lost = "released";
-        this.lostRefusal = "released";
+        this.lostRefusal = gitWorker.LeaseRefusal.LEASE_REFUSAL_RELEASED;
       }
       return !("refuse" in decision);
     });
@@ -94,15 +103,15 @@ export class MountLease {
   /** What the mount owner needs: whether to serve, and until when. */
   state(): gitWorker.MountLease {
     if (this.lost) return { held: false, serveUntilUnixMs: 0, refusal: this.lostRefusal, message: this.lost };
-    if (!this.record) return { held: false, serveUntilUnixMs: 0, refusal: "", message: "the lease is renewed once a publish brings the volume's credential" };
+    if (!this.record) return { held: false, serveUntilUnixMs: 0, refusal: gitWorker.LeaseRefusal.LEASE_REFUSAL_NONE, message: "the lease is renewed once a publish brings the volume's credential" };
     const until = serveUntil(this.record);
     // By this node's clock the mount stopped serving: the report and the abnormal gauge say so before any renewal does.
-    if (Date.now() >= until) return { held: false, serveUntilUnixMs: 0, refusal: "expired", message: describeRefusal("expired", this.holder, this.record) };
-    return { held: true, serveUntilUnixMs: until, refusal: "", message: "" };
+    if (Date.now() >= until) return { held: false, serveUntilUnixMs: 0, refusal: REFUSALS.expired, message: describeRefusal("expired", this.holder, this.record) };
+    return { held: true, serveUntilUnixMs: until, refusal: gitWorker.LeaseRefusal.LEASE_REFUSAL_NONE, message: "" };
   }
 
   private lose(decision: Refused): LeaseLost {
-    this.lostRefusal = decision.refuse;
+    this.lostRefusal = REFUSALS[decision.refuse];
     this.lost = describeRefusal(decision.refuse, this.holder, decision.record);
     return new LeaseLost(this.lost);
   }
@@ -111,7 +120,7 @@ export class MountLease {
     if ("refuse" in decision) {
       // A claim refused because another epoch holds the volume leaves this one free to claim again later.
       if (decision.refuse === "taken" || decision.refuse === "access_mode") {
-        return { held: false, serveUntilUnixMs: 0, refusal: decision.refuse, message: describeRefusal(decision.refuse, this.holder, decision.record) };
+        return { held: false, serveUntilUnixMs: 0, refusal: REFUSALS[decision.refuse], message: describeRefusal(decision.refuse, this.holder, decision.record) };
       }
       this.lose(decision);
     }

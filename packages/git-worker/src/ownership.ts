@@ -1,11 +1,11 @@
+import type { AccessModeName } from "@git-csi/protos";
+
 /**
  * The ownership rules of spec 000, free of git: what claim_mount, renew_mount
  * and release_mount write to the volume's owner ref given what it holds now.
  * The ref's compare-and-swap makes each decision atomic; the model test
  * drives these functions through random interleavings.
  */
-
-export type AccessModeName = "ReadWriteOnce" | "ReadWriteOncePod";
 
 /** What the owner ref's commit records. */
 export interface OwnerRecord {
@@ -37,7 +37,7 @@ export type Refused = { refuse: Refusal; record: OwnerRecord | undefined };
 export type Decision = { write: OwnerRecord } | { keep: OwnerRecord | undefined } | Refused;
 
 /** Coordinator time: the writer's wall clock clamped by the durable floor. */
-export function recordTime(current: OwnerRecord | undefined, now: number): number {
+function recordTime(current: OwnerRecord | undefined, now: number): number {
   return Math.max(now, current?.time ?? 0);
 }
 
@@ -46,7 +46,7 @@ function leaseFor(holder: Holder, time: number): OwnerRecord {
 }
 
 /** Whether the record's epoch owns the volume at time t. */
-export function isActive(record: OwnerRecord | undefined, t: number): record is OwnerRecord {
+function isActive(record: OwnerRecord | undefined, t: number): record is OwnerRecord {
   return record !== undefined && !record.released && t < record.expires;
 }
 

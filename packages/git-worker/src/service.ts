@@ -1,27 +1,17 @@
 import { randomUUID } from "node:crypto";
-import { ClassParameterError, KeyedSerial } from "@git-csi/config";
+import type { KeyedSerial } from "@git-csi/config";
 import type { Logger } from "@git-csi/logging";
 import type { DriverMetrics } from "@git-csi/metrics";
-import { failedPrecondition, gitcsi, type gitWorker, invalidArgument, notFound, required, unary } from "@git-csi/protos";
-import { rememberSource, removeTree } from "./gc";
-import { RemoteAccess } from "./access";
+import { failedPrecondition, gitWorker, notFound, required, unary } from "@git-csi/protos";
 import type { CredentialBroker } from "./broker";
-import { fingerprint, parseCredential } from "./credential";
-import { MountLease, type OnRemote } from "./lease";
-import type { AccessModeName, Holder } from "./ownership";
-import { prepareTree } from "./stage";
-import { branchOfRef, checkRemoteUrl, type Store } from "./store";
-import { VolumeSync } from "./sync";
+import { removeTree } from "./gc";
+import { prepareVolume } from "./prepare";
+import type { Store } from "./store";
+import type { VolumeSync } from "./sync";
 import type { EventSink } from "./volume";
 
 /** The volumes this worker watches, by volume id. */
 export type Syncs = Map<string, VolumeSync>;
-
-/**
- * Git operations on one bare repository run one at a time: fetches and
- * worktree changes of two volumes of one URL would race for its locks.
- */
-export type PerRepository = KeyedSerial;
 
 export interface GitWorkerDeps {
   store: Store;
@@ -29,89 +19,29 @@ export interface GitWorkerDeps {
   broker: CredentialBroker;
   metrics: DriverMetrics;
   logger: Logger;
-  perRepository: PerRepository;
+  /**
+   * Git operations on one bare repository run one at a time: fetches and
+   * worktree changes of two volumes of one URL would race for its locks.
+   */
+  perRepository: KeyedSerial;
   collect: () => Promise<void>;
   /** Kubernetes' event recorder in a cluster; none in standalone mode. */
   events?: EventSink;
 }
 
 export function gitWorkerService(deps: GitWorkerDeps): gitWorker.GitWorkerServer {
-  const { store, syncs, broker, metrics, logger, perRepository, collect } = deps;
+  const { store, syncs, logger, perRepository, collect } = deps;
   const syncOf = (volumeId: string) => {
     const sync = syncs.get(volumeId);
     if (!sync) throw notFound(`volume ${volumeId} is not staged on this node`);
     return sync;
   };
   const instance = randomUUID();
-  const classError = (err: unknown) => (err instanceof ClassParameterError ? invalidArgument(err.message) : err);
 
   return {
     probe: unary("probe", logger, async () => ({ ready: true, message: "", instance })),
 
-    prepareTree: unary("prepare_tree", logger, async (request: gitWorker.PrepareTreeRequest) => {
-      const volumeId = required(request.volumeId, "volume_id");
-      const source = required(request.source, "source");
-      // Checked again here, before any file is written: the mount owner's socket is not the only way in.
-      checkRemoteUrl(required(source.url, "source.url"));
-      const branch = branchOfRef(source.ref);
-      const holder = holderOf(volumeId, request.mount);
-      const data = request.credential?.data;
-      const openAccess = async (secret: Record<string, string> | undefined) => RemoteAccess.open(parseCredential(secret), store.volumeDir(volumeId), store.socketDir(), broker);
-      const existing = syncs.get(volumeId);
-      const access = await openAccess(data);
-      const credentialExpected = request.credentialExpected || fingerprint(data) !== "";
-      const viaAccess: OnRemote = (operation) => access.run((options) => operation(store.repo(source.url, options)));
-      // The same epoch again continues the lease the worker holds; anything else is a fresh claim.
-      const lease = existing?.epoch === holder.epoch ? existing.mountLease : new MountLease(holder, (env = {}) => store.repo(source.url, { config: [], env }));
-      try {
-        const { tree, claimed } = await perRepository.run(store.repoDir(source.url), async () => {
-          await rememberSource(store, volumeId, source);
-          const prepared = await prepareTree(store, volumeId, source, access, credentialExpected && !access.hasCredential);
-          // claim_mount before the worker pushes anything for the volume. A restarted worker without
-          // the Secret claims when the next publish brings it; until then the lease is not renewed.
-          const claimed = access.hasCredential || !credentialExpected ? await lease.claim(viaAccess) : lease.state();
-          return { tree: prepared, claimed };
-        });
-        logger.info(tree.reused ? "reused the work tree the node kept" : "cloned the work tree", { volume: volumeId, operation: "prepare_tree", head: tree.head });
-        const response = { treePath: tree.treePath, head: tree.head, reused: tree.reused, workerInstance: instance, lease: claimed };
-        if (!claimed.held && claimed.refusal !== "") {
-          logger.warn(`the mount epoch does not hold the volume: ${claimed.message}`, { volume: volumeId, operation: "claim_mount", refusal: claimed.refusal });
-          if (!existing) access.close();
-          return response;
-        }
-        if (existing) {
-          existing.useLease(lease);
-          if (request.claim) existing.setClaim(request.claim);
-          access.close();
-        } else {
-          const sync = new VolumeSync({
-            store,
-            volumeId,
-            source,
-            branch,
-            claim: request.claim ?? { namespace: "", name: "", uid: "" },
-            logger,
-            metrics,
-            access,
-            lease,
-            events: deps.events,
-            credentialExpected,
-            published: request.published,
-            stageFingerprint: fingerprint(data),
-            openAccess,
-            onRepository: (work) => perRepository.run(store.repoDir(source.url), work),
-          });
-          await sync.start(request.class, tree.fetched, tree.reused).catch((err: unknown) => {
-            throw classError(err);
-          });
-          syncs.set(volumeId, sync);
-        }
-        return response;
-      } catch (err) {
-        if (!existing) access.close();
-        throw err;
-      }
-    }),
+    prepareTree: unary("prepare_tree", logger, (request: gitWorker.PrepareTreeRequest) => prepareVolume(deps, instance, request)),
 
     setCredential: unary("set_credential", logger, async (request: gitWorker.SetCredentialRequest) => {
       const sync = syncOf(required(request.volumeId, "volume_id"));
@@ -122,9 +52,7 @@ export function gitWorkerService(deps: GitWorkerDeps): gitWorker.GitWorkerServer
     setClass: unary("set_class", logger, async (request: gitWorker.SetClassRequest) => {
       const sync = syncOf(required(request.volumeId, "volume_id"));
       if (request.claim) sync.setClaim(request.claim);
-      await sync.setClass(request.class).catch((err: unknown) => {
-        throw classError(err);
-      });
+      await sync.setClass(request.class);
       return {};
     }),
 
@@ -141,7 +69,7 @@ export function gitWorkerService(deps: GitWorkerDeps): gitWorker.GitWorkerServer
     renewMount: unary("renew_mount", logger, async (request: gitWorker.RenewMountRequest) => {
       const sync = syncOf(required(request.volumeId, "volume_id"));
       const epoch = required(request.epoch, "epoch");
-      if (sync.epoch !== epoch) return { held: false, serveUntilUnixMs: 0, refusal: "superseded", message: `this node serves volume ${request.volumeId} with a later mount epoch than the one renewing` };
+      if (sync.epoch !== epoch) return { held: false, serveUntilUnixMs: 0, refusal: gitWorker.LeaseRefusal.LEASE_REFUSAL_SUPERSEDED, message: `this node serves volume ${request.volumeId} with a later mount epoch than the one renewing` };
       return sync.renewMount();
     }),
 
@@ -168,17 +96,4 @@ export function gitWorkerService(deps: GitWorkerDeps): gitWorker.GitWorkerServer
 
     getReport: unary("report", logger, async (request: gitWorker.GetReportRequest) => syncOf(required(request.volumeId, "volume_id")).report()),
   };
-}
-
-const ACCESS_MODES: Partial<Record<gitcsi.AccessMode, AccessModeName>> = {
-  [gitcsi.AccessMode.READ_WRITE_ONCE]: "ReadWriteOnce",
-  [gitcsi.AccessMode.READ_WRITE_ONCE_POD]: "ReadWriteOncePod",
-};
-
-function holderOf(volumeId: string, claim: gitWorker.MountClaim | undefined): Holder {
-  const mount = required(claim, "mount");
-  const accessMode = ACCESS_MODES[mount.accessMode];
-  if (!accessMode) throw invalidArgument("mount.access_mode must be ReadWriteOnce or ReadWriteOncePod");
-  if (!(mount.leaseMs > 0)) throw invalidArgument("mount.lease_ms must be a positive number of milliseconds");
-  return { volumeId, node: required(mount.node, "mount.node"), epoch: required(mount.epoch, "mount.epoch"), accessMode, leaseMs: Number(mount.leaseMs), continues: mount.continues };
 }

@@ -3,6 +3,7 @@ import * as fs from "node:fs/promises";
 import * as os from "node:os";
 import * as path from "node:path";
 import { test, type TestContext } from "node:test";
+import { gitWorker } from "@git-csi/protos";
 import { RemoteAccess } from "../src/access";
 import { CredentialBroker } from "../src/broker";
 import { LeaseLost, MountLease, type OnRemote } from "../src/lease";
@@ -145,7 +146,7 @@ test("the remote refuses a push whose owner-ref lease went stale: nothing of it 
 
   const state = lease.state();
   assert.equal(state.held, false);
-  assert.equal(state.refusal, "superseded");
+  assert.equal(state.refusal, gitWorker.LeaseRefusal.LEASE_REFUSAL_SUPERSEDED);
   // The lost epoch stays lost: nothing more is pushed or claimed.
   await assert.rejects(a.push(lease, c2), LeaseLost);
   assert.equal((await lease.claim(a.remote)).held, false);
@@ -223,7 +224,7 @@ test("a restarted worker's epoch continues while the record names it, and is sup
   const again = a.lease(holder("node-a", "ea", true));
   const refused = await again.claim(a.remote);
   assert.equal(refused.held, false);
-  assert.equal(refused.refusal, "superseded");
+  assert.equal(refused.refusal, gitWorker.LeaseRefusal.LEASE_REFUSAL_SUPERSEDED);
   const c2 = await a.commit("two");
   await assert.rejects(a.push(again, c2), LeaseLost);
   assert.deepEqual(remote.refs(), before);

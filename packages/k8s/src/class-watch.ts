@@ -1,9 +1,8 @@
+import { DRIVER_NAME } from "@git-csi/config";
 import type { Logger } from "@git-csi/logging";
 import type { KubeConfig, V1PersistentVolume, V1PersistentVolumeClaim, V1VolumeAttributesClass } from "@kubernetes/client-node" with { "resolution-mode": "import" };
 import { clientNode } from "./client";
 import { DEFAULT_BACKOFF, Watched, type Backoff } from "./watched";
-
-export const DRIVER_NAME = "git.liken.sh";
 
 /** The claim bound to a volume; uid included because `kubectl describe` finds a claim's events by it. */
 export interface ClaimRef {

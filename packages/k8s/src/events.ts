@@ -1,7 +1,6 @@
-import type { EventType, ReasonName } from "@git-csi/config";
+import { DRIVER_NAME, type EventType, type ReasonName } from "@git-csi/config";
 import type { Logger } from "@git-csi/logging";
 import type { CoreV1Api, KubeConfig } from "@kubernetes/client-node" with { "resolution-mode": "import" };
-import { DRIVER_NAME } from "./class-watch";
 import { clientNode } from "./client";
 import { describeError } from "./watched";
 
@@ -26,7 +25,7 @@ export interface EventRecorderOptions {
 }
 
 export const EVENT_BURST = 25;
-export const EVENT_REFILL_MS = 5_000;
+const EVENT_REFILL_MS = 5_000;
 // client-go's correlator: an identical event within 10 minutes counts on the existing Event.
 const SAME_EVENT_MS = 10 * 60_000;
 // client-go's bounds: its LRU caches hold 4096 keys, its broadcaster queues 1000 events.

@@ -1,5 +1,5 @@
 import type { KubeConfig } from "@kubernetes/client-node" with { "resolution-mode": "import" };
-import { DRIVER_NAME } from "./class-watch";
+import { DRIVER_NAME } from "@git-csi/config";
 import { clientNode, loadKubeConfig } from "./client";
 
 /**

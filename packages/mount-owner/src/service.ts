@@ -1,6 +1,6 @@
 import { randomUUID } from "node:crypto";
 import * as fs from "node:fs/promises";
-import { ClassParameterError, KeyedSerial, parseClassParameters } from "@git-csi/config";
+import { KeyedSerial, parseClassParameters } from "@git-csi/config";
 import type { Logger } from "@git-csi/logging";
 import type { OperationMetrics } from "@git-csi/metrics";
 import { status } from "@grpc/grpc-js";
@@ -8,6 +8,7 @@ import {
   alreadyExists,
   call,
   type CsiError,
+  describeAccessMode,
   failedPrecondition,
   gitcsi,
   gitWorker,
@@ -71,13 +72,6 @@ const RELEASE_BUDGET_MS = 5_000;
 /** DeleteVolume does not wait long for a worker that is down: its tree goes when the worker answers. */
 const REMOVE_TIMEOUT_MS = 10_000;
 
-const MODE_NAMES: Record<gitcsi.AccessMode, string> = {
-  [gitcsi.AccessMode.ACCESS_MODE_UNSPECIFIED]: "unspecified",
-  [gitcsi.AccessMode.READ_WRITE_ONCE_POD]: "ReadWriteOncePod",
-  [gitcsi.AccessMode.READ_WRITE_ONCE]: "ReadWriteOnce",
-  [gitcsi.AccessMode.UNRECOGNIZED]: "unrecognized",
-};
-
 /** What the Kubernetes watch resolved for a volume: PersistentVolume → claim → VolumeAttributesClass. */
 export interface WatchedVolume {
   claim?: gitcsi.Claim;
@@ -140,8 +134,9 @@ export function createMountOwner(deps: MountOwnerDeps): MountOwner {
     const planned: VolumeRecord = { ...(existing ?? { volumeId, source, accessMode: request.accessMode, targets: [] }), stagingPath, volumeClass, claim, reclaimPolicy, credentialExpected, generation: session.generation };
     // An epoch whose stage once succeeded may have served: it only continues. A pending one never served.
     let tree = await prepare(planned, session.epoch, request.credential, session.completed);
-    const refusal = tree.lease?.refusal ?? "";
-    if ((refusal === "expired" || refusal === "released") && !session.completed && !(await mountedAnywhere(volumeId))) {
+    const refusal = tree.lease?.refusal ?? gitWorker.LeaseRefusal.LEASE_REFUSAL_NONE;
+    const ranOut = refusal === gitWorker.LeaseRefusal.LEASE_REFUSAL_EXPIRED || refusal === gitWorker.LeaseRefusal.LEASE_REFUSAL_RELEASED;
+    if (ranOut && !session.completed && !(await mountedAnywhere(volumeId))) {
       // An initial stage that never succeeded, its mount positively absent: a fresh epoch, not the dead one.
       logger.warn("the pending mount epoch of a stage that never succeeded ran out or was released; staging with a fresh epoch", { volume: volumeId, operation: "claim_mount" });
       session = newSession(base, session.generation);
@@ -224,7 +219,7 @@ export function createMountOwner(deps: MountOwnerDeps): MountOwner {
     if (lease.held) {
       session.serveUntil = Number(lease.serveUntilUnixMs);
       session.mount.serveUntil(session.serveUntil);
-    } else if (lease.refusal !== "") lose(volumeId, session, lease.message);
+    } else if (lease.refusal !== gitWorker.LeaseRefusal.LEASE_REFUSAL_NONE) lose(volumeId, session, lease.message);
   }
 
   async function unstage(request: mountOwner.UnstageVolumeRequest, volumeId: string): Promise<mountOwner.UnstageVolumeResponse> {
@@ -405,7 +400,7 @@ export function createMountOwner(deps: MountOwnerDeps): MountOwner {
         watchedVolumes.set(volumeId, watched);
       } catch (err) {
         const log = { volume: volumeId, claim: watched.claim?.name, operation: "set_volume_class" };
-        if (!(err instanceof ClassParameterError) && (err as CsiError).code !== status.INVALID_ARGUMENT) {
+        if ((err as CsiError).code !== status.INVALID_ARGUMENT) {
           // The worker did not answer, not refused: the node records the class, and the hand-over to a restarted worker or the next stage applies it.
           await recordClass(volumeId, watched.volumeClass, watched.claim);
           watchedVolumes.set(volumeId, watched);
@@ -564,7 +559,7 @@ function epochLost(volumeId: string, why: string): CsiError {
 
 function checkMode(record: VolumeRecord, accessMode: gitcsi.AccessMode): void {
   if (record.accessMode !== accessMode) {
-    throw alreadyExists(`volume ${record.volumeId} is ${MODE_NAMES[record.accessMode]}; its access mode cannot change to ${MODE_NAMES[accessMode]}`);
+    throw alreadyExists(`volume ${record.volumeId} is ${describeAccessMode(record.accessMode)}; its access mode cannot change to ${describeAccessMode(accessMode)}`);
   }
 }
 

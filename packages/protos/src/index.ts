@@ -4,3 +4,4 @@ export * as gitWorker from "./gen/gitcsi/v1/git_worker";
 export * as mountOwner from "./gen/gitcsi/v1/mount_owner";
 export * from "./errors";
 export * from "./transport";
+export * from "./access-mode";
