@@ -5,14 +5,14 @@ import { parseFlags, UsageError } from "@git-csi/config";
 import type { gitWorker } from "@git-csi/protos";
 
 /** The chart's node.metricsPort: in a node plugin pod, the git worker listens there. */
-export const DEFAULT_METRICS_ADDRESS = "127.0.0.1:9860";
+const DEFAULT_METRICS_ADDRESS = "127.0.0.1:9860";
 const TIMEOUT_MS = 10_000;
 
 /** A failure the operator can act on; the command prints it and exits 1. */
-export class ReportError extends Error {}
+class ReportError extends Error {}
 
 /** Fetches one volume's report; the raw JSON too, for --json. */
-export async function fetchReport(address: string, volumeId: string): Promise<{ raw: string; report: gitWorker.VolumeReport }> {
+async function fetchReport(address: string, volumeId: string): Promise<{ raw: string; report: gitWorker.VolumeReport }> {
   const url = `http://${address}/volumes/${encodeURIComponent(volumeId)}`;
   let response: Response;
   try {
@@ -44,7 +44,7 @@ function list(title: string, items: string[], none: string): string[] {
 }
 
 /** The report for a person: the answer to "is it all right" first, the detail after. */
-export function formatReport(r: gitWorker.VolumeReport, now = Date.now()): string {
+function formatReport(r: gitWorker.VolumeReport, now = Date.now()): string {
   const claim = r.claim?.name ? `${r.claim.namespace}/${r.claim.name}` : "none known (no claim reached the node: standalone, or not yet)";
   const lines = [
     `volume ${r.volumeId}`,

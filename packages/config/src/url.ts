@@ -16,7 +16,7 @@ const URL_FORM = new RegExp(String.raw`^(?:ssh|git|https?)://(?:[^@/\s\x00-\x1f\
  */
 const SCP_FORM = new RegExp(String.raw`^(?!.*://)(?:[A-Za-z0-9._~+][A-Za-z0-9._~+-]*@)?${HOST}:(?![:-])${PATH}$`);
 
-export const URL_RULE = `must be a remote git URL of at most ${MAX_URL_LENGTH} characters: ssh://, git://, https:// or http:// with a host and a path, or scp-like user@host:path`;
+const URL_RULE = `must be a remote git URL of at most ${MAX_URL_LENGTH} characters: ssh://, git://, https:// or http:// with a host and a path, or scp-like user@host:path`;
 
 /** Why a URL that is no remote one is refused: what it would reach. */
 function refusal(url: string): string {

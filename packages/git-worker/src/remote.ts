@@ -96,7 +96,7 @@ export async function pushUpdates(repo: SimpleGit, updates: RefUpdate[]): Promis
  * saw there, with the volume's fence. `seen` is the node's ref holding its
  * last view of `ref`.
  */
-export async function pushRef(repo: SimpleGit, commit: string, ref: string, seen: string, fence: Fence): Promise<PushResult> {
+async function pushRef(repo: SimpleGit, commit: string, ref: string, seen: string, fence: Fence): Promise<PushResult> {
   const expected = await revParse(repo, seen);
   // The lease alone would let a push replace commits it does not contain: volumes of one URL
   // share the node's view of the remote, so another volume's push moves it. Only a commit

@@ -21,7 +21,7 @@ export interface PreparedTree {
 }
 
 /** The local branch a volume's work tree is on, in the shared bare repository. */
-export function volumeBranch(volumeId: string): string {
+function volumeBranch(volumeId: string): string {
   return `volume/${volumeId}`;
 }
 

@@ -31,7 +31,7 @@ export class DriverMetrics {
  * The bounded operation label of spec 000: the mount owner's fallbacks and
  * refusals, counted by a fixed set of names so the series never grow.
  */
-export const OPERATIONS = ["mount_release_deferred", "stale_epoch_refused"] as const;
+const OPERATIONS = ["mount_release_deferred", "stale_epoch_refused"] as const;
 export type Operation = (typeof OPERATIONS)[number];
 
 export class OperationMetrics {
