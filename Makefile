@@ -32,7 +32,7 @@ KUBE_LDFLAGS := -s -w $(foreach pkg,k8s.io/component-base/version k8s.io/client-
 # `make test` builds them rather than skip the tests; see the README's "Tests
 # against a real API server".
 
-.PHONY: deps apt pnpm node-deps go-tools kube-tools build test unit e2e sanity chart demo bench clean
+.PHONY: deps apt pnpm node-deps go-tools kube-tools build lint test unit e2e sanity chart demo bench clean
 
 apt:
 	@missing=$$(for p in $(APT_PACKAGES); do dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null | grep -q '^install ok installed' || echo $$p; done); \
@@ -93,7 +93,11 @@ sanity: build go-tools
 chart:
 	bash charts/test.sh
 
-test: deps build kube-tools $(PJDFSTEST)
+# ESLint (typescript-eslint) and Prettier, configured once at the root: eslint.config.mjs, .prettierrc.json.
+lint: node-deps
+	pnpm run lint
+
+test: deps build kube-tools $(PJDFSTEST) lint
 	pnpm run test:unit
 	pnpm run test:e2e
 	node e2e/dist/src/sanity.js

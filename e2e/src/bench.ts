@@ -643,7 +643,7 @@ async function driverOnce(server: GitServer, driver: Driver, tree: Tree, quiesce
   const wrote = Number(stdout.trim()) / 1e6;
   // The ref moved between the last poll that saw it unchanged and the first that saw it moved: the middle, ±POLL_MS/2.
   let unchangedAt = wrote;
-  let movedAt = Number.NaN;
+  let movedAt: number;
   for (const deadline = Date.now() + timeoutMs + quiesceMs; ; ) {
     checkInterrupted();
     const pollAt = Date.now();

@@ -151,7 +151,7 @@ function checkRepoName(repo: string): void {
 }
 
 function checkBranch(branch: string): void {
-  if (!/^[A-Za-z0-9._\/-]+$/.test(branch) || branch.startsWith("-") || branch.includes("..")) {
+  if (!/^[A-Za-z0-9._/-]+$/.test(branch) || branch.startsWith("-") || branch.includes("..")) {
     throw new Error(`invalid branch name ${JSON.stringify(branch)}`);
   }
 }

@@ -45,7 +45,7 @@ export interface HttpGitServer extends BareRepoOps {
   stop(): Promise<void>;
 }
 
-const SAFE_PATH = /^\/[A-Za-z0-9._\/-]+$/;
+const SAFE_PATH = /^\/[A-Za-z0-9._/-]+$/;
 const USERNAME = "git";
 
 const newToken = () => randomBytes(24).toString("base64url"); // [A-Za-z0-9_-], never ":"

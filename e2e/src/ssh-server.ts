@@ -89,7 +89,7 @@ async function ensurePrivsepDir(): Promise<void> {
   if (!st.isDirectory()) throw new Error(`${PRIVSEP_DIR} is not a directory`);
 }
 
-const SAFE_PATH = /^\/[A-Za-z0-9._\/-]+$/;
+const SAFE_PATH = /^\/[A-Za-z0-9._/-]+$/;
 const KEY_NAME = /^[A-Za-z0-9._-]+$/;
 
 export async function startSshGitServer(): Promise<SshGitServer> {

@@ -2,6 +2,7 @@
  * Characters no ref may hold, from git's refname_disposition: control
  * characters, space, DEL, `~ ^ : ? [ \` and `*` (a refspec pattern).
  */
+// eslint-disable-next-line no-control-regex -- control characters are what a ref name may not hold
 const REF_FORBIDDEN = /[\x00-\x20\x7f~^:?*[\\]/;
 
 /** git check-ref-format's rules for a full ref name such as refs/heads/main. */

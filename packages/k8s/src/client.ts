@@ -42,7 +42,7 @@ export async function loadKubeConfig(options: { kubeconfig?: string } = {}): Pro
     try {
       config.loadFromDefault();
     } catch (err) {
-      throw new Error(`${source}: ${err instanceof Error ? err.message : String(err)}`);
+      throw new Error(`${source}: ${err instanceof Error ? err.message : String(err)}`, { cause: err });
     }
     return withCluster(config, source);
   }
@@ -56,7 +56,7 @@ function readable(file: string, what: string): void {
   try {
     fs.accessSync(file, fs.constants.R_OK);
   } catch (err) {
-    throw new Error(`${what} ${file} cannot be read: ${(err as NodeJS.ErrnoException).code ?? String(err)}`);
+    throw new Error(`${what} ${file} cannot be read: ${(err as NodeJS.ErrnoException).code ?? String(err)}`, { cause: err });
   }
 }
 
