@@ -92,9 +92,7 @@ test("after a push the latency bound starts again from the next write, and from 
   s.arm(TIMING);
   s.wrote();
   clock.advance(500);
-  s.syncStarts();
-  s.pushStarts();
-  s.pushed(true);
+  pushedWithWritesPending(s);
   assert.equal(fired.length, 0, "the sync began by hand: neither timer fires for it");
   clock.advance(10_000);
   assert.deepEqual(fired, [{ trigger: "maxLatency", at: 10_500 }], "still pending at the push: the bound counts from the push");
