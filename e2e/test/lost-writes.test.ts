@@ -4,11 +4,12 @@
 import assert from "node:assert/strict";
 import * as fs from "node:fs/promises";
 import * as path from "node:path";
-import { after, before, describe, test } from "node:test";
+import { after, describe, test } from "node:test";
 import { call } from "@git-csi/protos";
 import { status } from "@grpc/grpc-js";
-import { createVolume, type Driver, freePort, metricsText, metricValue, reasons, report, run, setVolumeClass, sh, stageAndPublish, startDriver, volumeLogs, waitFor } from "../src/driver";
-import { type GitServer, startGitDaemon } from "../src/git-server";
+import { createVolume, type Driver, metricsText, metricValue, reasons, report, run, setVolumeClass, sh, stageAndPublish, volumeLogs, waitFor } from "../src/driver";
+import type { GitServer } from "../src/git-server";
+import { withDaemonAndDriver } from "../src/fixtures";
 
 // Correctness, not speed: a 200 MB push on a busy 2-core machine takes its time.
 const T = 300_000;
@@ -35,14 +36,12 @@ describe("no acknowledged write is lost", () => {
   let driver: Driver;
   let n = 0;
 
-  before(async () => {
-    server = await startGitDaemon();
-    driver = await startDriver({ metricsPort: await freePort() });
+  withDaemonAndDriver((s, d) => {
+    server = s;
+    driver = d;
   });
 
   after(async () => {
-    await driver?.stop();
-    await server?.stop();
     // The 200 MB file's tree and objects: later tests that read /tmp need not wade through them.
     if (driver) await fs.rm(driver.dir, { recursive: true, force: true });
   });

@@ -1,7 +1,8 @@
 import assert from "node:assert/strict";
-import { after, before, describe, test } from "node:test";
-import { createVolume, type Driver, freePort, setVolumeClass, sh, stageAndPublish, startDriver, unpublishAndUnstage } from "../src/driver";
-import { type GitServer, startGitDaemon } from "../src/git-server";
+import { describe, test } from "node:test";
+import { createVolume, type Driver, setVolumeClass, sh, stageAndPublish, unpublishAndUnstage } from "../src/driver";
+import type { GitServer } from "../src/git-server";
+import { withDaemonAndDriver } from "../src/fixtures";
 
 const WRITES = 200;
 const UPSTREAM_COMMITS = 20;
@@ -10,14 +11,9 @@ describe("many writers on one repository", () => {
   let server: GitServer;
   let driver: Driver;
 
-  before(async () => {
-    server = await startGitDaemon();
-    driver = await startDriver({ metricsPort: await freePort() });
-  });
-
-  after(async () => {
-    await driver?.stop();
-    await server?.stop();
+  withDaemonAndDriver((s, d) => {
+    server = s;
+    driver = d;
   });
 
   test(`two volumes, each writing its own directory ${WRITES} times while a person pushes upstream: every write lands, no side branch`, async () => {

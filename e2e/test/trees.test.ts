@@ -1,10 +1,11 @@
 import assert from "node:assert/strict";
 import * as fs from "node:fs/promises";
 import * as path from "node:path";
-import { after, before, describe, test } from "node:test";
+import { describe, test } from "node:test";
 import { call, csi } from "@git-csi/protos";
-import { createVolume, type Driver, freePort, report, setVolumeClass, sh, stageAndPublish, startDriver, unpublishAndUnstage, waitFor } from "../src/driver";
-import { type GitServer, runGit, startGitDaemon } from "../src/git-server";
+import { createVolume, type Driver, report, setVolumeClass, sh, stageAndPublish, unpublishAndUnstage, waitFor } from "../src/driver";
+import { type GitServer, runGit } from "../src/git-server";
+import { withDaemonAndDriver } from "../src/fixtures";
 
 const FAST = { "push.quiesce": "1s", "push.maxLatency": "1m" };
 
@@ -12,14 +13,9 @@ describe("work trees the node keeps", () => {
   let server: GitServer;
   let driver: Driver;
 
-  before(async () => {
-    server = await startGitDaemon();
-    driver = await startDriver({ metricsPort: await freePort() });
-  });
-
-  after(async () => {
-    await driver?.stop();
-    await server?.stop();
+  withDaemonAndDriver((s, d) => {
+    server = s;
+    driver = d;
   });
 
   const deleteVolume = (volumeId: string) => call(driver.controller.deleteVolume.bind(driver.controller), csi.DeleteVolumeRequest.fromPartial({ volumeId }), 60_000);
