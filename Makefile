@@ -8,8 +8,13 @@ CSI_TEST_VERSION := v5.4.0
 HELM_VERSION := v3.21.4
 # Debian packages: FUSE (libfuse3-dev and a C compiler for the mount owner's
 # addon, fuse3 for fusermount3), bindfs for the benchmark baseline, protoc with
-# the well-known protos, and real servers for the tests.
-APT_PACKAGES := libfuse3-dev fuse3 gcc make pkg-config bindfs protobuf-compiler libprotobuf-dev git openssh-server openssh-client lighttpd util-linux procps python3 prometheus openssl
+# the well-known protos, and real servers for the tests; for the cluster tests,
+# containerd, runc and the CNI plugins the kubelets run pods with, iproute2 for
+# the test's network namespace, a static libc for the pause binary, and what
+# the images hold beyond that (tini, ca-certificates, mount): the images are
+# made from the packages installed here (e2e/src/images.ts).
+APT_PACKAGES := libfuse3-dev fuse3 gcc make pkg-config bindfs protobuf-compiler libprotobuf-dev git openssh-server openssh-client lighttpd util-linux procps python3 prometheus openssl \
+	containerd runc containernetworking-plugins iproute2 libc6-dev tini ca-certificates mount
 
 CACHE := $(CURDIR)/.cache
 GOBIN := $(CACHE)/bin
@@ -32,7 +37,20 @@ KUBE_LDFLAGS := -s -w $(foreach pkg,k8s.io/component-base/version k8s.io/client-
 # `make test` builds them rather than skip the tests; see the README's "Tests
 # against a real API server".
 
-.PHONY: deps apt pnpm node-deps go-tools kube-tools build lint test unit e2e sanity chart demo bench clean
+# The cluster of the cluster tests (e2e/src/cluster.ts) adds the node and
+# control-plane commands of the same module, the pause binary the pods'
+# sandboxes run (gcc, from the same module's source), and the two CSI
+# sidecars of the chart's controller, from the module proxy: csi-resizer with
+# `go install`, csi-provisioner through e2e/k8s/csi-provisioner (its go.mod has
+# replace directives, which `go install` refuses). See the README's "Tests in
+# a real cluster" for the cold times.
+KUBE_CLUSTER_TOOLS := $(KUBE_BIN)/kubelet $(KUBE_BIN)/kube-controller-manager $(KUBE_BIN)/kube-scheduler $(KUBE_BIN)/pause
+RESIZER_VERSION := v2.3.0
+PROVISIONER_VERSION := $(shell awk '$$1 == "require" && $$2 == "github.com/kubernetes-csi/external-provisioner/v6" { print $$3 }' e2e/k8s/csi-provisioner/go.mod)
+SIDECARS := $(CACHE)/csi-sidecars
+CSI_SIDECARS := $(SIDECARS)/csi-resizer/$(RESIZER_VERSION)/csi-resizer $(SIDECARS)/csi-provisioner/$(PROVISIONER_VERSION)/csi-provisioner
+
+.PHONY: deps apt pnpm node-deps go-tools kube-tools cluster-tools build lint test unit e2e sanity chart demo bench clean
 
 apt:
 	@missing=$$(for p in $(APT_PACKAGES); do dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null | grep -q '^install ok installed' || echo $$p; done); \
@@ -54,17 +72,25 @@ go-tools: $(GOBIN)/csi-sanity $(GOBIN)/helm
 
 # $(call timed,WHAT,COMMAND): one build, and a line saying how long it took.
 define timed
-	@start=$$(date +%s); echo "building $(1) (cached in $(KUBE_BIN))"; $(2) && echo "built $(1) in $$(( $$(date +%s) - start )) s"
+	@start=$$(date +%s); echo "building $(1) (cached in $(@D))"; $(2) && echo "built $(1) in $$(( $$(date +%s) - start )) s"
 endef
 
-$(KUBE_BIN)/kube-apiserver: e2e/k8s/kube/go.mod e2e/k8s/kube/go.sum
-	$(call timed,kube-apiserver $(KUBE_VERSION),cd e2e/k8s/kube && go build -trimpath -ldflags '$(KUBE_LDFLAGS)' -o $@ k8s.io/kubernetes/cmd/kube-apiserver)
-
-$(KUBE_BIN)/kubectl: e2e/k8s/kube/go.mod e2e/k8s/kube/go.sum
-	$(call timed,kubectl $(KUBE_VERSION),cd e2e/k8s/kube && go build -trimpath -ldflags '$(KUBE_LDFLAGS)' -o $@ k8s.io/kubernetes/cmd/kubectl)
+# Every Kubernetes command the tests run comes from the one pinned module.
+$(KUBE_BIN)/%: e2e/k8s/kube/go.mod e2e/k8s/kube/go.sum
+	$(call timed,$* $(KUBE_VERSION),cd e2e/k8s/kube && go build -trimpath -ldflags '$(KUBE_LDFLAGS)' -o $@ k8s.io/kubernetes/cmd/$*)
 
 $(KUBE_BIN)/etcd: e2e/k8s/etcd/go.mod e2e/k8s/etcd/go.sum e2e/k8s/etcd/main.go
 	$(call timed,etcd $(ETCD_VERSION),cd e2e/k8s/etcd && go build -trimpath -ldflags '-s -w' -o $@ .)
+
+# The pod sandbox's process: pause.c of the pinned Kubernetes source.
+$(KUBE_BIN)/pause: e2e/k8s/kube/go.mod
+	$(call timed,pause $(KUBE_VERSION),cd e2e/k8s/kube && gcc -Os -static -o $@ "$$(go list -m -f '{{.Dir}}' k8s.io/kubernetes)/build/pause/linux/pause.c")
+
+$(SIDECARS)/csi-resizer/$(RESIZER_VERSION)/csi-resizer:
+	$(call timed,csi-resizer $(RESIZER_VERSION),GOBIN=$(@D) go install -trimpath -ldflags '-s -w' github.com/kubernetes-csi/external-resizer/v2/cmd/csi-resizer@$(RESIZER_VERSION))
+
+$(SIDECARS)/csi-provisioner/$(PROVISIONER_VERSION)/csi-provisioner: e2e/k8s/csi-provisioner/go.mod e2e/k8s/csi-provisioner/go.sum
+	$(call timed,csi-provisioner $(PROVISIONER_VERSION),cd e2e/k8s/csi-provisioner && go build -trimpath -ldflags '-s -w' -o $@ github.com/kubernetes-csi/external-provisioner/v6/cmd/csi-provisioner)
 
 kube-tools: $(KUBE_TOOLS)
 
@@ -74,6 +100,8 @@ kube-tools: $(KUBE_TOOLS)
 PJDFSTEST := $(CACHE)/pjdfstest/pjdfstest
 $(PJDFSTEST):
 	bash ../shared/tools/pjdfstest/build.sh $(CACHE)/pjdfstest
+
+cluster-tools: apt kube-tools $(KUBE_CLUSTER_TOOLS) $(CSI_SIDECARS)
 
 deps: apt node-deps go-tools
 
