@@ -116,7 +116,7 @@ def pinned(image):
     tag = image.rsplit(":", 1)[1] if ":" in image.rsplit("/", 1)[-1] else ""
     return tag not in ("", "latest")
 
-def check_render(path, service_monitor):
+def check_render(path, service_monitor, sidecars):
     docs = load(path)
     kinds = sorted(d["kind"] for d in docs)
     print(f"{len(docs)} manifests: {', '.join(kinds)}")
@@ -137,7 +137,8 @@ def check_render(path, service_monitor):
         ds = ds[0]
         spec = ds["spec"]["template"]["spec"]
         c = containers(ds)
-        expect(set(c) == {"csi-frontend", "mount-owner", "git-worker", "node-driver-registrar", "livenessprobe"}, f"node containers: {sorted(c)}")
+        want = {"csi-frontend", "mount-owner", "git-worker"} | ({"node-driver-registrar", "livenessprobe"} if sidecars else set())
+        expect(set(c) == want, f"node containers: {sorted(c)}, not {sorted(want)}")
         vols = {v["name"]: v for v in spec["volumes"]}
         host = lambda name: (vols.get(name) or {}).get("hostPath", {}).get("path")
         if "csi-frontend" in c:
@@ -146,6 +147,16 @@ def check_render(path, service_monitor):
             expect(arg(f, "--endpoint") == "unix:///csi/csi.sock", "node csi-frontend serves /csi/csi.sock")
             csi_mount = [m for m in f["volumeMounts"] if m["mountPath"] == "/csi"]
             expect(csi_mount and host(csi_mount[0]["name"]) == f"/var/lib/kubelet/plugins/{DRIVER}", "the CSI socket is in the kubelet plugin dir")
+            registration = [m for m in f["volumeMounts"] if m["mountPath"] == "/registration"]
+            if sidecars:
+                expect(arg(f, "--registration-dir") is None and not registration, "with the registrar sidecar the frontend does not register")
+                expect(arg(f, "--health-address") is None, "with the livenessprobe sidecar the frontend serves no /healthz")
+            else:
+                expect(arg(f, "--registration-dir") == "/registration" and registration and host(registration[0]["name"]) == "/var/lib/kubelet/plugins_registry",
+                       "the frontend registers in the kubelet's plugins_registry")
+                expect(arg(f, "--kubelet-registration-path") == f"/var/lib/kubelet/plugins/{DRIVER}/csi.sock", "the frontend registers the kubelet-side socket path")
+                health = {p["name"]: p["containerPort"] for p in f.get("ports", [])}.get("healthz")
+                expect(arg(f, "--health-address") == f"0.0.0.0:{health}", "the frontend serves /healthz on the probed port")
         if "mount-owner" in c:
             m = c["mount-owner"]
             expect(m.get("securityContext", {}).get("privileged") is True, "mount-owner is privileged")
@@ -308,7 +319,7 @@ def check_examples():
 
 what = sys.argv[1]
 if what == "render":
-    check_render(sys.argv[2], service_monitor=sys.argv[3] == "servicemonitor")
+    check_render(sys.argv[2], service_monitor=sys.argv[3] == "servicemonitor", sidecars=sys.argv[3] == "sidecars")
 elif what == "dashboard":
     check_dashboard()
 elif what == "examples":
@@ -344,6 +355,9 @@ check "helm lint --strict" "$HELM" lint --strict "$CHART" --kube-version "$KUBE_
 check "helm template (defaults) parses and has the driver's objects" template_ok "$WORK/default.yaml" default
 check "helm template (ServiceMonitor on) parses and has the ServiceMonitor" template_ok "$WORK/sm.yaml" servicemonitor \
   --set metrics.serviceMonitor.enabled=true --set-string metrics.serviceMonitor.labels.release=prometheus
+check "helm template (registrar and livenessprobe sidecars) parses and runs them" template_ok "$WORK/sidecars.yaml" sidecars \
+  --set node.registration=node-driver-registrar --set node.health=livenessprobe
+check "values.schema.json rejects a registration it does not know" rejects "node.registration=self" --set node.registration=self
 check "values.schema.json rejects node.metricsPort=notanumber" rejects "node.metricsPort=notanumber" --set node.metricsPort=notanumber
 check "values.schema.json rejects an unknown value (node.metricPort)" rejects "node.metricPort=9000" --set node.metricPort=9000
 check "values.schema.json rejects an image pull policy it does not know" rejects "images.csiFrontend.pullPolicy=Sometimes" --set images.csiFrontend.pullPolicy=Sometimes

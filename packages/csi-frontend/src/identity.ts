@@ -8,11 +8,13 @@ export function identityService(version: string, owner: mountOwner.MountOwnerCli
     getPluginCapabilities: unary("get_plugin_capabilities", logger, async () => ({
       capabilities: [{ service: { type: csi.PluginCapability_Service_Type.CONTROLLER_SERVICE } }],
     })),
-    // Ready only when the mount owner answers, and it answers ready only when the git worker does.
-    probe: unary("probe", logger, async () => {
-      const answer = await call(owner.probe.bind(owner), {}, 5000).catch((err: Error) => ({ ready: false, message: `mount owner does not answer: ${err.message}`, instance: "" }));
-      if (!answer.ready) logger.warn("not ready", { operation: "probe", reason: answer.message });
-      return { ready: answer.ready };
-    }),
+    probe: unary("probe", logger, async () => ({ ready: (await probeOwner(owner, logger)).ready })),
   };
+}
+
+/** Ready only when the mount owner answers, and it answers ready only when the git worker does. */
+export async function probeOwner(owner: mountOwner.MountOwnerClient, logger: Logger): Promise<{ ready: boolean; message: string }> {
+  const answer = await call(owner.probe.bind(owner), {}, 5000).catch((err: Error) => ({ ready: false, message: `mount owner does not answer: ${err.message}`, instance: "" }));
+  if (!answer.ready) logger.warn("not ready", { operation: "probe", reason: answer.message });
+  return answer;
 }
