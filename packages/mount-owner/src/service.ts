@@ -362,6 +362,19 @@ export function createMountOwner(deps: MountOwnerDeps): MountOwner {
     }
   }
 
+  /**
+   * A volume the Controller service may modify: one this mount owner
+   * created, or, in standalone mode where the node is the controller, one
+   * staged here (a static volume staged over the CSI socket).
+   */
+  async function knownVolume(volumeId: string): Promise<mountOwner.Volume> {
+    const provisioned = await state.provisioned.get(volumeId);
+    if (provisioned) return provisioned;
+    const record = await state.volumes.get(volumeId);
+    if (!record) throw notFound(`volume ${volumeId} does not exist: it was neither created nor staged here`);
+    return { volumeId, name: volumeId, capacityBytes: 0, source: record.source, accessMode: record.accessMode, classParameters: record.volumeClass?.parameters ?? {} };
+  }
+
   /** In standalone mode the controller's record carries the class ControllerModifyVolume applied. */
   async function provisionedClass(volumeId: string): Promise<gitcsi.VolumeClass | undefined> {
     const provisioned = await state.provisioned.get(volumeId);
@@ -526,18 +539,13 @@ export function createMountOwner(deps: MountOwnerDeps): MountOwner {
       await deleteNodeVolume(volumeId);
       return {};
     }),
-    getVolume: serialized("get_volume", async (_request: mountOwner.GetVolumeRequest, volumeId) => {
-      const volume = await state.provisioned.get(volumeId);
-      if (!volume) throw notFound(`volume ${volumeId} does not exist`);
-      return { volume };
-    }),
+    getVolume: serialized("get_volume", async (_request: mountOwner.GetVolumeRequest, volumeId) => ({ volume: await knownVolume(volumeId) })),
     modifyVolume: serialized("modify_volume", async (request: mountOwner.ModifyVolumeRequest, volumeId) => {
-      const volume = await state.provisioned.get(volumeId);
-      if (!volume) throw notFound(`volume ${volumeId} does not exist`);
+      const volume = await knownVolume(volumeId);
       // Parameters a request does not name keep their values, as CSI asks of ControllerModifyVolume.
       const classParameters = { ...volume.classParameters, ...request.classParameters };
       await setVolumeClass(volumeId, { name: "", parameters: classParameters });
-      await state.provisioned.put(volumeId, { ...volume, classParameters });
+      if (await state.provisioned.get(volumeId)) await state.provisioned.put(volumeId, { ...volume, classParameters });
       logger.info("class applied", { volume: volumeId, operation: "modify_volume" });
       return {};
     }),
