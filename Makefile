@@ -42,10 +42,12 @@ KUBE_LDFLAGS := -s -w $(foreach pkg,k8s.io/component-base/version k8s.io/client-
 # sandboxes run (gcc, from the same module's source), and the two CSI
 # sidecars of the chart's controller, from the module proxy: csi-resizer with
 # `go install`, csi-provisioner through e2e/k8s/csi-provisioner (its go.mod has
-# replace directives, which `go install` refuses). See the README's "Tests in
+# replace directives, which `go install` refuses). Without cgo, so each is one
+# static binary, the whole of its image. See the README's "Tests in
 # a real cluster" for the cold times.
 KUBE_CLUSTER_TOOLS := $(KUBE_BIN)/kubelet $(KUBE_BIN)/kube-controller-manager $(KUBE_BIN)/kube-scheduler $(KUBE_BIN)/pause
-RESIZER_VERSION := v2.3.0
+# The chart pins the sidecars' versions (values.yaml); the provisioner's wrapper module requires the same.
+RESIZER_VERSION := $(shell awk '$$1 == "resizer:" { found = 1 } found && $$1 == "tag:" { print $$2; exit }' charts/git-csi/values.yaml)
 PROVISIONER_VERSION := $(shell awk '$$1 == "require" && $$2 == "github.com/kubernetes-csi/external-provisioner/v6" { print $$3 }' e2e/k8s/csi-provisioner/go.mod)
 SIDECARS := $(CACHE)/csi-sidecars
 CSI_SIDECARS := $(SIDECARS)/csi-resizer/$(RESIZER_VERSION)/csi-resizer $(SIDECARS)/csi-provisioner/$(PROVISIONER_VERSION)/csi-provisioner
@@ -87,10 +89,10 @@ $(KUBE_BIN)/pause: e2e/k8s/kube/go.mod
 	$(call timed,pause $(KUBE_VERSION),cd e2e/k8s/kube && gcc -Os -static -o $@ "$$(go list -m -f '{{.Dir}}' k8s.io/kubernetes)/build/pause/linux/pause.c")
 
 $(SIDECARS)/csi-resizer/$(RESIZER_VERSION)/csi-resizer:
-	$(call timed,csi-resizer $(RESIZER_VERSION),GOBIN=$(@D) go install -trimpath -ldflags '-s -w' github.com/kubernetes-csi/external-resizer/v2/cmd/csi-resizer@$(RESIZER_VERSION))
+	$(call timed,csi-resizer $(RESIZER_VERSION),CGO_ENABLED=0 GOBIN=$(@D) go install -trimpath -ldflags '-s -w' github.com/kubernetes-csi/external-resizer/v2/cmd/csi-resizer@$(RESIZER_VERSION))
 
 $(SIDECARS)/csi-provisioner/$(PROVISIONER_VERSION)/csi-provisioner: e2e/k8s/csi-provisioner/go.mod e2e/k8s/csi-provisioner/go.sum
-	$(call timed,csi-provisioner $(PROVISIONER_VERSION),cd e2e/k8s/csi-provisioner && go build -trimpath -ldflags '-s -w' -o $@ github.com/kubernetes-csi/external-provisioner/v6/cmd/csi-provisioner)
+	$(call timed,csi-provisioner $(PROVISIONER_VERSION),cd e2e/k8s/csi-provisioner && CGO_ENABLED=0 go build -trimpath -ldflags '-s -w' -o $@ github.com/kubernetes-csi/external-provisioner/v6/cmd/csi-provisioner)
 
 kube-tools: $(KUBE_TOOLS)
 
@@ -111,7 +113,7 @@ build: apt node-deps
 unit: build
 	pnpm run test:unit
 
-e2e: build go-tools kube-tools $(PJDFSTEST)
+e2e: build go-tools kube-tools cluster-tools $(PJDFSTEST)
 	pnpm run test:e2e
 
 sanity: build go-tools
@@ -125,7 +127,7 @@ chart:
 lint: node-deps
 	pnpm run lint
 
-test: deps build kube-tools $(PJDFSTEST) lint
+test: deps build kube-tools cluster-tools $(PJDFSTEST) lint
 	pnpm run test:unit
 	pnpm run test:e2e
 	node e2e/dist/src/sanity.js
