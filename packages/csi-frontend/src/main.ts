@@ -42,6 +42,9 @@ async function main(): Promise<void> {
   const kubeConfig = mode === "node" ? undefined : await kubeConfigIfAny(flags.kubeconfig!);
   if (mode !== "node") services.push({ definition: csi.ControllerService, implementation: controllerService(owner, logger, kubeConfig) as UntypedServiceImplementation });
   if (mode !== "controller") services.push({ definition: csi.NodeService, implementation: nodeService(flags["node-id"]!, owner, logger) as UntypedServiceImplementation });
+  // The external-resizer asks the controller's socket for the Node capabilities
+  // (does the driver expand volumes on nodes?) and will not start on UNIMPLEMENTED.
+  else services.push({ definition: csi.NodeService, implementation: { nodeGetCapabilities: nodeService("", owner, logger).nodeGetCapabilities } as UntypedServiceImplementation });
   const server = await serveUnix(flags.endpoint!, services);
   let registrar: Server | undefined;
   const health = flags["health-address"] ? await serveHealth(flags["health-address"], owner, logger) : undefined;
