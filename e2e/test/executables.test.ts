@@ -68,3 +68,19 @@ test("each service logs its start-up and its SIGTERM shutdown as JSON lines", as
     assert.ok(lines.some((l) => l.service === service && l.operation === "shutdown" && l.message === "stopped"), `${service} stopped`);
   }
 });
+
+test("csi-frontend names the registration and health flags it refuses", async () => {
+  const frontend = [BINS["csi-frontend"]!, "--endpoint", "unix:///tmp/x.sock", "--mount-owner", "unix:///tmp/y.sock", "--node-id", "n"];
+  const alone = await exec([...frontend, "--registration-dir", "/registration"]);
+  assert.equal(alone.code, 2);
+  assert.match(alone.stderr, /--registration-dir and --kubelet-registration-path go together/);
+  const relative = await exec([...frontend, "--registration-dir", "/registration", "--kubelet-registration-path", "csi.sock"]);
+  assert.equal(relative.code, 2);
+  assert.match(relative.stderr, /--kubelet-registration-path csi\.sock must be an absolute path/);
+  const controller = await exec([...frontend, "--mode", "controller", "--registration-dir", "/registration", "--kubelet-registration-path", "/var/lib/kubelet/plugins/git.liken.sh/csi.sock"]);
+  assert.equal(controller.code, 2);
+  assert.match(controller.stderr, /--mode controller does not serve/);
+  const health = await exec([...frontend, "--health-address", "9808"]);
+  assert.equal(health.code, 2);
+  assert.match(health.stderr, /--health-address 9808 must be host:port/);
+});

@@ -35,6 +35,9 @@ async function main(): Promise<void> {
   if (!MODES.includes(mode)) throw new UsageError(`csi-frontend: --mode ${flags.mode} must be one of ${MODES.join(", ")}`);
   if (mode !== "controller" && !flags["node-id"]) throw new UsageError("csi-frontend: --node-id (or NODE_NAME) is required to serve the Node service");
   const registration = registrationFlags(flags, mode);
+  if (flags["health-address"] && !/^[^:]*:([1-9]\d{0,4})$/.test(flags["health-address"])) {
+    throw new UsageError(`csi-frontend: --health-address ${flags["health-address"]} must be host:port, such as 0.0.0.0:9808`);
+  }
   const logger = createLogger("csi-frontend");
   const owner = dialUnix(mountOwner.MountOwnerClient, flags["mount-owner"]!);
   const services: Service[] = [{ definition: csi.IdentityService, implementation: identityService(version(), owner, logger) }];
