@@ -136,6 +136,13 @@ export function shellImage(ref: string): Image {
 export async function deployApp(recipe: Recipe, dir: string): Promise<void> {
   await fs.rm(dir, { recursive: true, force: true });
   await run("pnpm", ["deploy", "--filter", recipe.deploy, "--prod", "--legacy", dir], { cwd: ROOT, env: { ...process.env, CI: "true" }, maxBuffer: 64 * 1024 * 1024 });
+  // pnpm 10 also links the deployed package's bins under <workspace><dir>/node_modules/.bin: take that stray copy away again.
+  const stray = path.join(ROOT, path.relative("/", dir));
+  await fs.rm(stray, { recursive: true, force: true });
+  for (let parent = path.dirname(stray); parent !== ROOT; parent = path.dirname(parent)) {
+    if ((await fs.readdir(parent).catch(() => ["absent"])).length > 0) break;
+    await fs.rmdir(parent);
+  }
 }
 
 /** Writes the image as an OCI image layout archive at out; work holds the layers meanwhile. */

@@ -160,7 +160,7 @@ export async function startKube(dir: string): Promise<Kube> {
       token,
       kubeconfig,
       binDir,
-      kubectl: (args, input) => kubectl(path.join(binDir, "kubectl"), args, kubectlEnv, input),
+      kubectl: (args, input) => runTool(path.join(binDir, "kubectl"), args, kubectlEnv, input),
       stop,
     };
   } catch (err) {
@@ -169,7 +169,8 @@ export async function startKube(dir: string): Promise<Kube> {
   }
 }
 
-function kubectl(bin: string, args: string[], env: NodeJS.ProcessEnv, input?: string): Promise<string> {
+/** Runs a command-line tool, input on stdin; resolves to stdout, rejects with stderr in the message. */
+export function runTool(bin: string, args: string[], env: NodeJS.ProcessEnv, input?: string): Promise<string> {
   return new Promise((resolve, reject) => {
     const child = spawn(bin, args, { env, stdio: ["pipe", "pipe", "pipe"] });
     let stdout = "";
@@ -179,7 +180,7 @@ function kubectl(bin: string, args: string[], env: NodeJS.ProcessEnv, input?: st
     child.once("error", reject);
     child.once("close", (code, signal) => {
       if (code === 0) resolve(stdout);
-      else reject(new Error(`kubectl ${args.join(" ")} exited ${code ?? signal}: ${stderr.trim() || stdout.trim()}`));
+      else reject(new Error(`${path.basename(bin)} ${args.join(" ")} exited ${code ?? signal}: ${stderr.trim() || stdout.trim()}`));
     });
     child.stdin.end(input ?? "");
   });

@@ -1,5 +1,6 @@
 // Test helper: a REAL git-over-SSH server (Debian's OpenSSH sshd) serving
-// bare repositories from a private temp dir on 127.0.0.1:<ephemeral port>.
+// bare repositories from a private temp dir on 127.0.0.1:<ephemeral port>, or
+// on an address inside a network namespace the test made (the cluster tests).
 //
 //   const srv = await startSshGitServer();
 //   await srv.createRepo("demo.git", { files: { "a.txt": "A\n" } });
@@ -92,7 +93,15 @@ async function ensurePrivsepDir(): Promise<void> {
 const SAFE_PATH = /^\/[A-Za-z0-9._/-]+$/;
 const KEY_NAME = /^[A-Za-z0-9._-]+$/;
 
-export async function startSshGitServer(): Promise<SshGitServer> {
+export interface SshServerPlace {
+  /** Address to listen on (default 127.0.0.1). */
+  address: string;
+  /** A network namespace (/run/netns/<name>) to run sshd in, so only that namespace reaches it. */
+  netns?: string;
+}
+
+export async function startSshGitServer(place: SshServerPlace = { address: "127.0.0.1" }): Promise<SshGitServer> {
+  const host = place.address;
   if (process.getuid?.() !== 0) {
     throw new Error("startSshGitServer needs root: sshd only authenticates other users (here: root) when it runs as root");
   }
@@ -139,7 +148,7 @@ export async function startSshGitServer(): Promise<SshGitServer> {
         configFile,
         [
           "# git-csi e2e: private sshd, see e2e/src/ssh-server.ts",
-          `ListenAddress 127.0.0.1`,
+          `ListenAddress ${host}`,
           `Port ${port}`,
           `AddressFamily inet`,
           `HostKey ${hostKey}`,
@@ -176,9 +185,12 @@ export async function startSshGitServer(): Promise<SshGitServer> {
 
       exited = false;
       stderrTail = "";
-      const child = spawn(SSHD, ["-D", "-e", "-f", configFile], { stdio: ["ignore", "ignore", "pipe"] });
+      const sshdArgs = ["-D", "-e", "-f", configFile];
+      const child = place.netns
+        ? spawn("nsenter", [`--net=/run/netns/${place.netns}`, "--", SSHD, ...sshdArgs], { stdio: ["ignore", "ignore", "pipe"] })
+        : spawn(SSHD, sshdArgs, { stdio: ["ignore", "ignore", "pipe"] });
       sshd = child;
-      const listening = `Server listening on 127.0.0.1 port ${port}.`;
+      const listening = `Server listening on ${host} port ${port}.`;
       let ready = false;
       let wake: () => void = () => {};
       child.stderr?.on("data", (b: Buffer) => {
@@ -210,10 +222,10 @@ export async function startSshGitServer(): Promise<SshGitServer> {
       sshd = undefined;
       const bindRace = /Address already in use|Cannot bind/i.test(stderrTail);
       if (!bindRace || attempt >= 5) {
-        throw new Error(`sshd did not start on 127.0.0.1:${port}: ${stderrTail.trim()}`);
+        throw new Error(`sshd did not start on ${host}:${port}: ${stderrTail.trim()}`);
       }
     }
-    hostKeyLine = `[127.0.0.1]:${port} ${keyType} ${keyB64}`;
+    hostKeyLine = `[${host}]:${port} ${keyType} ${keyB64}`;
   } catch (e) {
     process.removeListener("exit", onExit);
     await rm(tmpRoot, { recursive: true, force: true });
@@ -241,7 +253,7 @@ export async function startSshGitServer(): Promise<SshGitServer> {
     pid: sshdPid,
     hostKeyLine,
     url(repo) {
-      return `ssh://root@127.0.0.1:${port}${ops.repoPath(repo)}`;
+      return `ssh://root@${host}:${port}${ops.repoPath(repo)}`;
     },
     async addDeployKey(name) {
       if (!KEY_NAME.test(name)) throw new Error(`invalid deploy key name ${JSON.stringify(name)}`);

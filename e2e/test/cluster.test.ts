@@ -1,0 +1,290 @@
+import assert from "node:assert/strict";
+import * as fs from "node:fs/promises";
+import * as os from "node:os";
+import * as path from "node:path";
+import { after, before, test } from "node:test";
+import { waitFor } from "../src/driver";
+import { type Cluster, clusterMissing, GIT_ADDRESS, startCluster } from "../src/cluster";
+import { buildImage, chartImageRefs, chartImages, driverImage, shellImage } from "../src/images";
+import { type SshGitServer, startSshGitServer } from "../src/ssh-server";
+
+/**
+ * A real cluster, used as a user uses one: two kubelets with containerd, the
+ * chart's own images (made from the Dockerfiles, imported), `helm install`,
+ * and from then on kubectl only. The git server is a real sshd inside the
+ * cluster's network namespace.
+ */
+
+const ROOT = path.join(__dirname, "..", "..", "..");
+const EXAMPLE = path.join(ROOT, "docs", "examples", "homeassistant");
+const SHELL_IMAGE = "e2e.local/shell:1";
+// The application of the example: writes its configuration when it starts and
+// answers the Deployment's readiness probe on 8123, as Home Assistant would.
+const HOMEASSISTANT = `
+const fs = require("fs");
+fs.writeFileSync("/config/configuration.yaml", "homeassistant:\\n  name: Home\\n");
+require("http").createServer((q, r) => r.end("ok")).listen(8123);
+`;
+// Spec 000's lease, short enough for a test to outwait.
+const LEASE = { duration: "20s", renewInterval: "5s" };
+
+interface Event {
+  reason: string;
+  type: string;
+  message: string;
+  involvedObject: { kind: string; name: string };
+}
+
+let cluster: Cluster | undefined;
+let git: SshGitServer;
+let dir: string;
+const skip = clusterMissing();
+
+before(async () => {
+  if (skip) return;
+  dir = await fs.mkdtemp(path.join(os.tmpdir(), "git-csi-cluster-"));
+  const images = path.join(dir, "images");
+  const archives = await chartImages(images);
+  archives.push(path.join(images, "shell.tar"));
+  await buildImage(shellImage(SHELL_IMAGE), archives.at(-1)!, path.join(images, "shell-work"));
+  cluster = await startCluster(path.join(dir, "cluster"));
+  await cluster.importImages(archives);
+  git = await startSshGitServer({ address: GIT_ADDRESS, netns: cluster.netns });
+  // As the README says, with the imported images and a lease a test can outwait.
+  await cluster.helm(["install", "git-csi", path.join(ROOT, "charts", "git-csi"), "-n", "git-csi", "--create-namespace",
+    ...Object.keys(chartImageRefs()).flatMap((key) => ["--set", `images.${key}.pullPolicy=Never`]),
+    "--set", `node.lease.duration=${LEASE.duration}`, "--set", `node.lease.renewInterval=${LEASE.renewInterval}`,
+    "--wait", "--timeout=5m"]);
+}, { timeout: 15 * 60_000 });
+
+after(async () => {
+  await cluster?.stop();
+  await git?.stop();
+  if (dir) await fs.rm(dir, { recursive: true, force: true });
+});
+
+const kubectl = (...args: string[]) => cluster!.kubectl(args);
+const apply = (yaml: string) => cluster!.kubectl(["apply", "-f", "-"], yaml);
+const events = async (namespace: string) => (JSON.parse(await kubectl("get", "events", "-n", namespace, "-o", "json")) as { items: Event[] }).items;
+const remoteFile = (repo: string, file: string) => git.git(repo, "show", `main:${file}`).catch(() => undefined);
+
+test("the kubelet registers the driver the chart installed, on both nodes, with no registrar sidecar", { skip }, async () => {
+  const csinodes = await waitFor("git.liken.sh in both CSINodes", async () => {
+    const out = await kubectl("get", "csinodes", "-o", "jsonpath={range .items[*]}{.metadata.name}={.spec.drivers[*].name}{\"\\n\"}{end}");
+    const lines = out.trim().split("\n").sort();
+    return lines.length === 2 && lines.every((l) => l.endsWith("=git.liken.sh")) && lines;
+  }, 60_000);
+  assert.deepEqual(csinodes, ["node1=git.liken.sh", "node2=git.liken.sh"]);
+  const containers = await kubectl("get", "daemonset", "git-csi-node", "-n", "git-csi", "-o", "jsonpath={.spec.template.spec.containers[*].name}");
+  assert.deepEqual(containers.split(" ").sort(), ["csi-frontend", "git-worker", "mount-owner"]);
+});
+
+test("spec 004's homeassistant example: written, armed through the claim's class, pushed; the reasons in describe and events", { skip }, async () => {
+  await git.createRepo("homeassistant.git", { files: { "README.md": "Home Assistant's configuration\n" } });
+  const key = await git.addDeployKey("homeassistant");
+  const keyFile = path.join(dir, "homeassistant-deploy-key");
+  await fs.writeFile(keyFile, key.privateKey, { mode: 0o600 });
+  await fs.writeFile(path.join(dir, "known_hosts"), `${git.hostKeyLine}\n`);
+  const example = async (file: string) => fs.readFile(path.join(EXAMPLE, file), "utf8");
+
+  await kubectl("apply", "-f", path.join(EXAMPLE, "namespace.yaml"));
+  // The Secret as secret.yaml says to make it from files.
+  await kubectl("create", "secret", "generic", "homeassistant-deploy-key", "-n", "home", "--type=kubernetes.io/ssh-auth",
+    `--from-file=ssh-privatekey=${keyFile}`, `--from-file=known_hosts=${path.join(dir, "known_hosts")}`);
+  await apply((await example("persistentvolume.yaml")).replace("git@code.example.com:home/homeassistant.git", git.url("homeassistant.git")));
+  await kubectl("apply", "-f", path.join(EXAMPLE, "persistentvolumeclaim.yaml"));
+  await waitFor("the claim Bound", async () => (await kubectl("get", "pvc", "config", "-n", "home", "-o", "jsonpath={.status.phase}")) === "Bound");
+  const deployment = (await example("deployment.yaml")).replace("          image: ghcr.io/home-assistant/home-assistant:stable",
+    `          image: ${SHELL_IMAGE}\n          imagePullPolicy: Never\n          command: ["node", "-e", ${JSON.stringify(HOMEASSISTANT)}]`);
+  assert.notEqual(deployment, await example("deployment.yaml"), "the example names the image this test replaces");
+  await apply(deployment);
+  await kubectl("rollout", "status", "deployment/homeassistant", "-n", "home", "--timeout=180s");
+
+  // Unarmed: the driver commits nothing until the claim names a class.
+  assert.equal(await remoteFile("homeassistant.git", "configuration.yaml"), undefined);
+  await kubectl("apply", "-f", path.join(EXAMPLE, "volumeattributesclass.yaml"));
+  await kubectl("patch", "pvc", "config", "-n", "home", "-p", JSON.stringify({ spec: { volumeAttributesClassName: "config-eager" } }));
+  // The external-resizer calls ControllerModifyVolume, and the claim's status follows.
+  await waitFor("status.currentVolumeAttributesClassName", async () =>
+    (await kubectl("get", "pvc", "config", "-n", "home", "-o", "jsonpath={.status.currentVolumeAttributesClassName}")) === "config-eager", 90_000);
+  // push.quiesce is 30s in the example.
+  const pushed = await waitFor("configuration.yaml pushed", () => remoteFile("homeassistant.git", "configuration.yaml"), 120_000);
+  assert.equal(pushed, "homeassistant:\n  name: Home");
+  assert.equal((await git.git("homeassistant.git", "log", "-1", "--format=%an <%ae>", "main")).trim(), "Home Assistant <homeassistant@home.example>");
+
+  const all = await waitFor("GitVolumeArmed and GitVolumePushed on the pod and the claim", async () => {
+    const list = await events("home");
+    const on = (kind: string, reason: string) => list.some((e) => e.involvedObject.kind === kind && e.reason === reason);
+    return on("Pod", "GitVolumeArmed") && on("PersistentVolumeClaim", "GitVolumeArmed") && on("Pod", "GitVolumePushed") && on("PersistentVolumeClaim", "GitVolumePushed") && list;
+  }, 60_000);
+  assert.ok(all.every((e) => !e.reason.startsWith("GitVolume") || e.type === "Normal"), "no Warning from the driver");
+  const describe = await kubectl("describe", "pvc", "config", "-n", "home");
+  assert.match(describe, /GitVolumeArmed/);
+  assert.match(describe, /GitVolumePushed/);
+  const listed = await kubectl("get", "events", "-n", "home");
+  assert.match(listed, /pod\/homeassistant-\S+\s+.*GitVolumePushed|GitVolumePushed\s+pod\/homeassistant-/);
+});
+
+const inApp = (script: string) => kubectl("exec", "-n", "home", "deploy/homeassistant", "--", "sh", "-c", script);
+
+test("a rotated Secret is what the next push uses", { skip }, async () => {
+  const key = await git.addDeployKey("homeassistant-rotated");
+  const keyFile = path.join(dir, "homeassistant-deploy-key-rotated");
+  await fs.writeFile(keyFile, key.privateKey, { mode: 0o600 });
+  const secret = await kubectl("create", "secret", "generic", "homeassistant-deploy-key", "-n", "home", "--type=kubernetes.io/ssh-auth",
+    `--from-file=ssh-privatekey=${keyFile}`, `--from-file=known_hosts=${path.join(dir, "known_hosts")}`, "--dry-run=client", "-o", "yaml");
+  await apply(secret);
+  // The old key no longer opens the repository: only the rotated one can push what comes next.
+  await git.revokeDeployKey("homeassistant");
+  await inApp("echo 'light: {}' > /config/light.yaml");
+  const pushed = await waitFor("light.yaml pushed with the rotated key", () => remoteFile("homeassistant.git", "light.yaml"), 120_000);
+  assert.equal(pushed, "light: {}");
+});
+
+test("deleting the pod pushes what it wrote, without waiting for the quiesce", { skip }, async () => {
+  await inApp("echo 'switch: {}' > /config/switch.yaml");
+  const pod = (await kubectl("get", "pods", "-n", "home", "-l", "app.kubernetes.io/name=homeassistant", "-o", "jsonpath={.items[0].metadata.name}")).trim();
+  await kubectl("delete", "pod", pod, "-n", "home", "--wait=true", "--timeout=120s");
+  // The class's quiesce is 30 s: a push within a few seconds of the delete is the stop's.
+  const pushed = await waitFor("switch.yaml pushed by the stop", () => remoteFile("homeassistant.git", "switch.yaml"), 10_000);
+  assert.equal(pushed, "switch: {}");
+  await kubectl("rollout", "status", "deployment/homeassistant", "-n", "home", "--timeout=180s");
+});
+
+// Appends a line to /config/upgrade.txt every 200 ms for the given seconds and
+// reports each failed write, then "done ok=<n> failed=<n>", in /tmp/writer.log.
+const WRITER = (seconds: number) => `
+const fs = require("fs");
+let ok = 0, failed = 0;
+const end = Date.now() + ${seconds * 1000};
+const timer = setInterval(() => {
+  try { fs.appendFileSync("/config/upgrade.txt", Date.now() + "\\n"); ok++; }
+  catch (e) { failed++; if (failed <= 3) console.log("write failed: " + e.code + " " + e.message); }
+  if (Date.now() > end) { clearInterval(timer); console.log("done ok=" + ok + " failed=" + failed); }
+}, 200);
+`;
+
+test("helm upgrade with a new csi-frontend image while the example writes: what the application sees", { skip }, async () => {
+  const refs = chartImageRefs();
+  const upgraded = `${refs.csiFrontend.slice(0, refs.csiFrontend.lastIndexOf(":"))}:upgrade`;
+  await cluster!.importImages([await driverImage("csi-frontend", upgraded, path.join(dir, "upgrade"))]);
+  const before = (await kubectl("get", "pods", "-n", "git-csi", "-l", "app.kubernetes.io/component=node", "-o", "jsonpath={.items[*].metadata.uid}")).split(" ");
+  await inApp(`nohup node -e '${WRITER(60)}' > /tmp/writer.log 2>&1 &`);
+  await cluster!.helm(["upgrade", "git-csi", path.join(ROOT, "charts", "git-csi"), "-n", "git-csi", "--reuse-values", "--set", "images.csiFrontend.tag=upgrade", "--wait", "--timeout=5m"]);
+  // helm's --wait is satisfied once all but maxUnavailable node pods are new.
+  await kubectl("rollout", "status", "daemonset/git-csi-node", "-n", "git-csi", "--timeout=300s");
+  const after = (await kubectl("get", "pods", "-n", "git-csi", "-l", "app.kubernetes.io/component=node", "-o", "jsonpath={.items[*].metadata.uid}")).split(" ");
+  assert.ok(after.every((uid) => !before.includes(uid)), "every node plugin pod was replaced");
+  assert.match(await kubectl("get", "daemonset", "git-csi-node", "-n", "git-csi", "-o", "jsonpath={.spec.template.spec.containers[0].image}"), /:upgrade$/);
+  const log = await waitFor("the writer's summary", async () => {
+    const text = await inApp("cat /tmp/writer.log");
+    return /done ok=\d+ failed=\d+/.test(text) && text;
+  }, 120_000);
+  const [, ok, failed] = /done ok=(\d+) failed=(\d+)/.exec(log)!.map(Number) as [number, number, number];
+  // Until "The mount survives" lands, the chart's one node pod holds the
+  // mount-owner too: replacing the pod for a new csi-frontend image ends the
+  // FUSE session, and the application's writes fail (ENOTCONN) from then on.
+  // The new mount-owner refuses the kubelet's republish ("not staged"), so what
+  // the application wrote before stays uncommitted in the node's tree while it
+  // runs. When "The mount survives" lands this asserts failed === 0.
+  assert.ok(ok > 0, `the writer wrote before the upgrade: ${log}`);
+  assert.ok(failed > 0 && /ENOTCONN/.test(log), `writes fail once the node plugin pod is replaced: ${log}`);
+  assert.equal(await remoteFile("homeassistant.git", "upgrade.txt"), undefined, "nothing is committed while the application runs on the ended mount");
+  // A restarted application is staged and published anew: the writes made
+  // before the upgrade are committed from the node's tree, and new ones land.
+  await kubectl("rollout", "restart", "deployment/homeassistant", "-n", "home");
+  await kubectl("rollout", "status", "deployment/homeassistant", "-n", "home", "--timeout=180s");
+  await inApp("echo 'scene: {}' > /config/scene.yaml");
+  assert.equal(await waitFor("scene.yaml pushed after the restart", () => remoteFile("homeassistant.git", "scene.yaml"), 120_000), "scene: {}");
+  assert.equal((await remoteFile("homeassistant.git", "upgrade.txt"))?.split("\n").length, ok, "every write that succeeded before the upgrade is pushed");
+});
+
+test("reclaim policy Delete: deleting the PersistentVolume removes the node's tree", { skip }, async () => {
+  const node = (await kubectl("get", "pods", "-n", "home", "-l", "app.kubernetes.io/name=homeassistant", "-o", "jsonpath={.items[0].spec.nodeName}")).trim();
+  const tree = path.join(cluster!.nodes.find((n) => n.name === node)!.dir, "state", "trees", "homeassistant-config");
+  await fs.access(tree);
+  await kubectl("scale", "deployment/homeassistant", "-n", "home", "--replicas=0");
+  await kubectl("wait", "--for=delete", "pod", "-n", "home", "-l", "app.kubernetes.io/name=homeassistant", "--timeout=120s");
+  await kubectl("delete", "pvc", "config", "-n", "home");
+  await kubectl("patch", "pv", "homeassistant-config", "-p", JSON.stringify({ spec: { persistentVolumeReclaimPolicy: "Delete" } }));
+  await kubectl("delete", "pv", "homeassistant-config");
+  await waitFor("the node's tree removed", async () => fs.access(tree).then(() => false, () => true), 60_000);
+});
+
+// Appends "<node> <n>" to /data/writes.txt every second, for as long as it runs.
+const RWO_WRITER = (node: string) => `
+const fs = require("fs");
+let n = 0;
+setInterval(() => {
+  try { fs.appendFileSync("/data/writes.txt", "${node} " + ++n + "\\n"); } catch (e) { console.log("write failed: " + e.code); }
+}, 1000);
+`;
+
+const rwoPod = (name: string, node: string) => JSON.stringify({
+  apiVersion: "v1",
+  kind: "Pod",
+  metadata: { name, namespace: "rwo" },
+  spec: {
+    nodeName: node,
+    terminationGracePeriodSeconds: 5,
+    containers: [{ name: "app", image: SHELL_IMAGE, imagePullPolicy: "Never", command: ["node", "-e", RWO_WRITER(node)], volumeMounts: [{ name: "data", mountPath: "/data" }] }],
+    volumes: [{ name: "data", persistentVolumeClaim: { claimName: "data" } }],
+  },
+});
+
+const nodeLines = (text: string | undefined, node: string) => (text ?? "").split("\n").filter((l) => l.startsWith(`${node} `));
+
+test("ReadWriteOnce across two nodes: node 1 is lost, node 2 takes the volume after the lease, node 1 back lands nothing", { skip }, async () => {
+  await git.createRepo("rwo.git", { files: { "README.md": "rwo\n" } });
+  const key = await git.addDeployKey("rwo");
+  const keyFile = path.join(dir, "rwo-key");
+  await fs.writeFile(keyFile, key.privateKey, { mode: 0o600 });
+  await kubectl("create", "namespace", "rwo");
+  await kubectl("create", "secret", "generic", "rwo-key", "-n", "rwo", "--type=kubernetes.io/ssh-auth", `--from-file=ssh-privatekey=${keyFile}`, `--from-file=known_hosts=${path.join(dir, "known_hosts")}`);
+  const secretRef = { name: "rwo-key", namespace: "rwo" };
+  await apply(JSON.stringify({
+    apiVersion: "v1",
+    kind: "List",
+    items: [
+      { apiVersion: "storage.k8s.io/v1", kind: "VolumeAttributesClass", metadata: { name: "rwo-eager" }, driverName: "git.liken.sh", parameters: { "push.quiesce": "1s", "push.maxLatency": "5s" } },
+      { apiVersion: "v1", kind: "PersistentVolume", metadata: { name: "rwo-data" }, spec: {
+        capacity: { storage: "1Gi" }, accessModes: ["ReadWriteOnce"], persistentVolumeReclaimPolicy: "Retain",
+        csi: { driver: "git.liken.sh", volumeHandle: "rwo-data", volumeAttributes: { url: git.url("rwo.git"), ref: "main" }, nodeStageSecretRef: secretRef, nodePublishSecretRef: secretRef },
+      } },
+      { apiVersion: "v1", kind: "PersistentVolumeClaim", metadata: { name: "data", namespace: "rwo" }, spec: {
+        volumeName: "rwo-data", storageClassName: "", accessModes: ["ReadWriteOnce"], resources: { requests: { storage: "1Gi" } },
+      } },
+    ],
+  }));
+  await waitFor("the claim Bound", async () => (await kubectl("get", "pvc", "data", "-n", "rwo", "-o", "jsonpath={.status.phase}")) === "Bound");
+  await kubectl("patch", "pvc", "data", "-n", "rwo", "-p", JSON.stringify({ spec: { volumeAttributesClassName: "rwo-eager" } }));
+  await apply(rwoPod("writer-1", "node1"));
+  await kubectl("wait", "--for=condition=Ready", "pod/writer-1", "-n", "rwo", "--timeout=180s");
+  await waitFor("node 1's writes pushed", async () => nodeLines(await remoteFile("rwo.git", "writes.txt"), "node1").length >= 2, 60_000);
+
+  // Node 1 is lost: its kubelet, containerd and pods stop where they are.
+  const node1 = cluster!.nodes.find((n) => n.name === "node1")!;
+  await node1.freeze();
+  const atLoss = nodeLines(await remoteFile("rwo.git", "writes.txt"), "node1");
+  // The operator gives up on the pod, as on a dead machine, and starts the application on node 2.
+  await kubectl("delete", "pod", "writer-1", "-n", "rwo", "--force", "--grace-period=0");
+  await apply(rwoPod("writer-2", "node2"));
+  await kubectl("wait", "--for=condition=Ready", "pod/writer-2", "-n", "rwo", "--timeout=180s");
+  const taken = await waitFor("node 2's writes pushed", async () => {
+    const text = await remoteFile("rwo.git", "writes.txt");
+    return nodeLines(text, "node2").length >= 2 && text;
+  }, 120_000);
+  // Node 1's writes that reached the remote before the loss are kept under node 2's.
+  assert.deepEqual(nodeLines(taken, "node1"), atLoss);
+
+  // Node 1 comes back: its application writes on for a moment, its driver pushes at the stop; nothing of it lands.
+  await node1.thaw();
+  await waitFor("node 1 Ready again", async () => (await kubectl("get", "node", "node1", "-o", "jsonpath={.status.conditions[?(@.type==\"Ready\")].status}")) === "True", 120_000);
+  const owner = await git.git("rwo.git", "log", "-1", "--format=%H", "refs/git-csi/owner/rwo-data");
+  await new Promise((r) => setTimeout(r, 20_000));
+  const final = await remoteFile("rwo.git", "writes.txt");
+  assert.deepEqual(nodeLines(final, "node1"), atLoss, "no write of node 1 after its loss reached the remote");
+  assert.ok(nodeLines(final, "node2").length > nodeLines(taken, "node2").length, "node 2 still writes");
+  assert.match(await git.git("rwo.git", "log", "-1", "--format=%B", "refs/git-csi/owner/rwo-data"), /node2/, `the owner ref names node 2 (was ${owner.trim()})`);
+  await kubectl("delete", "pod", "writer-2", "-n", "rwo", "--wait=true", "--timeout=120s");
+});
