@@ -172,8 +172,11 @@ export async function startCluster(dir: string, nodeCount = 2): Promise<Cluster>
       kubectl,
       helm: (args) => inNetns(path.join(ROOT, ".cache", "bin", "helm"), args),
       inNetns,
+      // The nodes unpack at once, each its archives in turn.
       importImages: async (archives) => {
-        for (const node of nodes) for (const archive of archives) await importImage(node.containerdSocket, archive);
+        await Promise.all(nodes.map(async (node) => {
+          for (const archive of archives) await importImage(node.containerdSocket, archive);
+        }));
       },
       // Every process of a node ends with it, and its mounts with its mount namespace.
       stop,
