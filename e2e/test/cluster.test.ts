@@ -205,9 +205,10 @@ test("reclaim policy Delete: deleting the PersistentVolume removes the node's tr
   await fs.access(tree);
   await kubectl("scale", "deployment/homeassistant", "-n", "home", "--replicas=0");
   await kubectl("wait", "--for=delete", "pod", "-n", "home", "-l", "app.kubernetes.io/name=homeassistant", "--timeout=120s");
-  await kubectl("delete", "pvc", "config", "-n", "home");
+  // With reclaim policy Delete, deleting the claim deletes the PersistentVolume.
   await kubectl("patch", "pv", "homeassistant-config", "-p", JSON.stringify({ spec: { persistentVolumeReclaimPolicy: "Delete" } }));
-  await kubectl("delete", "pv", "homeassistant-config");
+  await kubectl("delete", "pvc", "config", "-n", "home");
+  await kubectl("wait", "--for=delete", "pv/homeassistant-config", "--timeout=120s");
   await waitFor("the node's tree removed", async () => fs.access(tree).then(() => false, () => true), 60_000);
 });
 
