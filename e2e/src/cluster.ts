@@ -67,28 +67,28 @@ export interface ClusterNode {
 }
 
 export interface Cluster {
+  /** The network namespace everything runs in (/run/netns/<netns>). */
   netns: string;
-  dir: string;
+  /** The admin's kubeconfig, for kubectl run inside the namespace by hand. */
   kubeconfig: string;
   nodes: ClusterNode[];
   kubectl(args: string[], input?: string): Promise<string>;
   helm(args: string[]): Promise<string>;
-  /** Runs a command inside the cluster's network namespace. */
-  inNetns(bin: string, args: string[], input?: string): Promise<string>;
   importImages(archives: string[]): Promise<void>;
   stop(): Promise<void>;
 }
 
 const TOOLS = ["etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubelet", "kubectl", "pause"];
+const HELM = path.join(ROOT, ".cache", "bin", "helm");
 
 /** Why a cluster cannot start here, or undefined when it can. */
 export function clusterMissing(): string | undefined {
   const dir = kubeBinDir();
   const missing = TOOLS.filter((t) => !existsSync(path.join(dir, t)));
-  for (const bin of ["/usr/bin/containerd", "/usr/sbin/runc", "/usr/lib/cni/bridge"]) if (!existsSync(bin)) missing.push(bin);
+  for (const bin of [HELM, "/usr/bin/containerd", "/usr/sbin/runc", "/usr/lib/cni/bridge"]) if (!existsSync(bin)) missing.push(bin);
   if (process.getuid?.() !== 0) return "the cluster tests need root (network namespaces, mounts, cgroups)";
   if (missing.length === 0) return undefined;
-  return `no ${missing.join(", ")}: run 'make cluster-tools' (Go from the module proxy, Debian packages)`;
+  return `no ${missing.join(", ")}: run 'make go-tools cluster-tools' (Go from the module proxy, Debian packages)`;
 }
 
 export async function startCluster(dir: string, nodeCount = 2): Promise<Cluster> {
@@ -166,12 +166,10 @@ export async function startCluster(dir: string, nodeCount = 2): Promise<Cluster>
 
     return {
       netns,
-      dir,
       kubeconfig,
       nodes,
       kubectl,
-      helm: (args) => inNetns(path.join(ROOT, ".cache", "bin", "helm"), args),
-      inNetns,
+      helm: (args) => inNetns(HELM, args),
       // The nodes unpack at once, each its archives in turn.
       importImages: async (archives) => {
         await Promise.all(nodes.map(async (node) => {
