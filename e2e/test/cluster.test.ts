@@ -50,6 +50,8 @@ before(async () => {
   cluster = await startCluster(path.join(dir, "cluster"));
   await cluster.importImages(archives);
   git = await startSshGitServer({ address: GIT_ADDRESS, netns: cluster.netns });
+  // Every Secret the tests make carries the server's host key.
+  await fs.writeFile(path.join(dir, "known_hosts"), `${git.hostKeyLine}\n`);
   // As the README says, with the imported images and a lease a test can outwait.
   await cluster.helm(["install", "git-csi", path.join(ROOT, "charts", "git-csi"), "-n", "git-csi", "--create-namespace",
     ...Object.keys(chartImageRefs()).flatMap((key) => ["--set", `images.${key}.pullPolicy=Never`]),
@@ -84,7 +86,6 @@ test("spec 004's homeassistant example: written, armed through the claim's class
   const key = await git.addDeployKey("homeassistant");
   const keyFile = path.join(dir, "homeassistant-deploy-key");
   await fs.writeFile(keyFile, key.privateKey, { mode: 0o600 });
-  await fs.writeFile(path.join(dir, "known_hosts"), `${git.hostKeyLine}\n`);
   const example = async (file: string) => fs.readFile(path.join(EXAMPLE, file), "utf8");
 
   await kubectl("apply", "-f", path.join(EXAMPLE, "namespace.yaml"));
@@ -288,4 +289,44 @@ test("ReadWriteOnce across two nodes: node 1 is lost, node 2 takes the volume af
   assert.ok(nodeLines(final, "node2").length > nodeLines(taken, "node2").length, "node 2 still writes");
   assert.match(await git.git("rwo.git", "log", "-1", "--format=%B", "refs/git-csi/owner/rwo-data"), /node2/, `the owner ref names node 2 (was ${owner.trim()})`);
   await kubectl("delete", "pod", "writer-2", "-n", "rwo", "--wait=true", "--timeout=120s");
+});
+
+test("a non-root pod with fsGroup writes, and its files carry the fsGroup", { skip }, async () => {
+  await git.createRepo("fsgroup.git", { files: { "README.md": "fsgroup\n" } });
+  const key = await git.addDeployKey("fsgroup");
+  const keyFile = path.join(dir, "fsgroup-key");
+  await fs.writeFile(keyFile, key.privateKey, { mode: 0o600 });
+  await kubectl("create", "namespace", "fsgroup");
+  await kubectl("create", "secret", "generic", "fsgroup-key", "-n", "fsgroup", "--type=kubernetes.io/ssh-auth", `--from-file=ssh-privatekey=${keyFile}`, `--from-file=known_hosts=${path.join(dir, "known_hosts")}`);
+  const secretRef = { name: "fsgroup-key", namespace: "fsgroup" };
+  await apply(JSON.stringify({
+    apiVersion: "v1",
+    kind: "List",
+    items: [
+      { apiVersion: "storage.k8s.io/v1", kind: "VolumeAttributesClass", metadata: { name: "fsgroup-eager" }, driverName: "git.liken.sh", parameters: { "push.quiesce": "1s", "push.maxLatency": "5s" } },
+      { apiVersion: "v1", kind: "PersistentVolume", metadata: { name: "fsgroup-data" }, spec: {
+        capacity: { storage: "1Gi" }, accessModes: ["ReadWriteOncePod"], persistentVolumeReclaimPolicy: "Retain",
+        csi: { driver: "git.liken.sh", volumeHandle: "fsgroup-data", volumeAttributes: { url: git.url("fsgroup.git"), ref: "main" }, nodeStageSecretRef: secretRef, nodePublishSecretRef: secretRef },
+      } },
+      { apiVersion: "v1", kind: "PersistentVolumeClaim", metadata: { name: "data", namespace: "fsgroup" }, spec: {
+        volumeName: "fsgroup-data", storageClassName: "", accessModes: ["ReadWriteOncePod"], resources: { requests: { storage: "1Gi" } },
+      } },
+    ],
+  }));
+  await waitFor("the claim Bound", async () => (await kubectl("get", "pvc", "data", "-n", "fsgroup", "-o", "jsonpath={.status.phase}")) === "Bound");
+  await kubectl("patch", "pvc", "data", "-n", "fsgroup", "-p", JSON.stringify({ spec: { volumeAttributesClassName: "fsgroup-eager" } }));
+  await apply(JSON.stringify({
+    apiVersion: "v1",
+    kind: "Pod",
+    metadata: { name: "app", namespace: "fsgroup" },
+    spec: {
+      securityContext: { runAsUser: 1000, runAsGroup: 1000, fsGroup: 2000, runAsNonRoot: true },
+      containers: [{ name: "app", image: SHELL_IMAGE, imagePullPolicy: "Never", command: ["node", "-e", 'require("fs").writeFileSync("/data/app.txt", "non-root\\n"); setInterval(() => {}, 1000)'], volumeMounts: [{ name: "data", mountPath: "/data" }] }],
+      volumes: [{ name: "data", persistentVolumeClaim: { claimName: "data" } }],
+    },
+  }));
+  await kubectl("wait", "--for=condition=Ready", "pod/app", "-n", "fsgroup", "--timeout=180s");
+  assert.equal((await kubectl("exec", "-n", "fsgroup", "app", "--", "stat", "-c", "%u %g", "/data/app.txt")).trim(), "1000 2000");
+  assert.equal(await waitFor("app.txt pushed", () => remoteFile("fsgroup.git", "app.txt"), 60_000), "non-root");
+  await kubectl("delete", "pod", "app", "-n", "fsgroup", "--wait=true", "--timeout=120s");
 });
