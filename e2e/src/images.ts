@@ -339,7 +339,10 @@ async function directoryLayer(layer: { directory: string; at: string } | { file:
   const target = path.join(staging, layer.at);
   await fs.mkdir(path.dirname(target), { recursive: true });
   if ("directory" in layer) await run("cp", ["-a", layer.directory, target]);
-  else await fs.copyFile(layer.file, target), await fs.chmod(target, 0o755);
+  else {
+    await fs.copyFile(layer.file, target);
+    await fs.chmod(target, 0o755);
+  }
   await run("tar", ["-C", staging, "--sort=name", "--numeric-owner", "--owner=0", "--group=0", "--mtime=@0", "-cf", tar, "."]);
   await fs.rm(staging, { recursive: true, force: true });
 }

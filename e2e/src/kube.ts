@@ -70,7 +70,7 @@ export function kubeVersions(): { kubernetes: string; etcd: string } {
 }
 
 /** .cache/k8s/<Kubernetes version>, where `make kube-tools` puts the three binaries. */
-function kubeBinDir(): string {
+export function kubeBinDir(): string {
   return path.join(ROOT, ".cache", "k8s", kubeVersions().kubernetes);
 }
 

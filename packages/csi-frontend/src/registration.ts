@@ -7,7 +7,7 @@ import type { Server } from "@grpc/grpc-js";
 import type { Logger } from "@git-csi/logging";
 import { pluginRegistration, serveUnix, socketPath, unary } from "@git-csi/protos";
 import * as path from "node:path";
-import { DRIVER_NAME } from "./identity";
+import { DRIVER_NAME } from "@git-csi/config";
 
 /** The kubelet's CSI plugin API versions the frontend speaks. */
 const SUPPORTED_VERSIONS = ["1.0.0"];
