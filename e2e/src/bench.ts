@@ -432,11 +432,24 @@ async function runPassthrough(config: Config, dir: string, baseEnv: Record<strin
 
     const bindfsCommand = `bindfs ${BINDFS_OPTIONS.join(" ")} SRC DST`;
     return {
-      config: { quick: config.quick, seqBytes: config.seqMiB * MiB, seqBlockBytes: MiB, files: config.files, fileBytes: SMALL_FILE_BYTES, sqliteRows: config.rows, sqliteBatch: SQLITE_BATCH, repetitions: config.repetitions },
+      config: {
+        quick: config.quick,
+        seqBytes: config.seqMiB * MiB,
+        seqBlockBytes: MiB,
+        files: config.files,
+        fileBytes: SMALL_FILE_BYTES,
+        sqliteRows: config.rows,
+        sqliteBatch: SQLITE_BATCH,
+        repetitions: config.repetitions,
+      },
       environment: { ...env, backingFileSystem: backingFs },
       paths: {
         direct: { description: "a plain directory beside the volume's work tree, on the same file system" },
-        ours: { description: "the published target of a real volume: the mount owner's FUSE server (native, libfuse3) over the work tree, bind-mounted", fsType: oursMount.fsType, source: oursMount.source },
+        ours: {
+          description: "the published target of a real volume: the mount owner's FUSE server (native, libfuse3) over the work tree, bind-mounted",
+          fsType: oursMount.fsType,
+          source: oursMount.source,
+        },
         bindfs: { description: "bindfs over a plain directory on the same file system", command: bindfsCommand },
       },
       workloads: summarize(config, samples),
@@ -644,7 +657,7 @@ async function driverOnce(server: GitServer, driver: Driver, tree: Tree, quiesce
   // The ref moved between the last poll that saw it unchanged and the first that saw it moved: the middle, ±POLL_MS/2.
   let unchangedAt = wrote;
   let movedAt: number;
-  for (const deadline = Date.now() + timeoutMs + quiesceMs; ; ) {
+  for (const deadline = Date.now() + timeoutMs + quiesceMs; ;) {
     checkInterrupted();
     const pollAt = Date.now();
     if ((await remoteHead(server, tree.driverRepo)) !== before) {
@@ -891,9 +904,12 @@ async function main(): Promise<void> {
   } finally {
     await cleanUp([
       // Whatever a failed step left mounted goes before the scratch directory does.
-      ["unmount leftovers", async () => {
-        for (const mountPoint of (await mountsUnder(dir)).reverse()) await exec("umount", ["-l", mountPoint]);
-      }],
+      [
+        "unmount leftovers",
+        async () => {
+          for (const mountPoint of (await mountsUnder(dir)).reverse()) await exec("umount", ["-l", mountPoint]);
+        },
+      ],
       ["remove the scratch directory", () => fs.rm(dir, { recursive: true, force: true })],
     ]);
   }

@@ -118,50 +118,86 @@ export async function startCluster(dir: string, nodeCount = 2): Promise<Cluster>
 
     const pki = await certificates(path.join(dir, "pki"), nodeCount);
     const kubeconfig = await kubeconfigFile(dir, "admin", pki.tokens.admin, pki.ca);
-    const kubectlEnv = { ...process.env, KUBECONFIG: kubeconfig, KUBECACHEDIR: path.join(dir, "kubectl-cache"), HELM_CACHE_HOME: path.join(dir, "helm", "cache"), HELM_CONFIG_HOME: path.join(dir, "helm", "config"), HELM_DATA_HOME: path.join(dir, "helm", "data") };
+    const kubectlEnv = {
+      ...process.env,
+      KUBECONFIG: kubeconfig,
+      KUBECACHEDIR: path.join(dir, "kubectl-cache"),
+      HELM_CACHE_HOME: path.join(dir, "helm", "cache"),
+      HELM_CONFIG_HOME: path.join(dir, "helm", "config"),
+      HELM_DATA_HOME: path.join(dir, "helm", "data"),
+    };
     const inNetns = (b: string, args: string[], input?: string) => runTool("nsenter", [`--net=/run/netns/${netns}`, "--", b, ...args], kubectlEnv, input);
     const kubectl = (args: string[], input?: string) => inNetns(path.join(bin, "kubectl"), args, input);
 
     await start("etcd", path.join(bin, "etcd"), [
-      "--name=e2e", `--data-dir=${path.join(dir, "etcd")}`,
-      "--listen-client-urls=http://127.0.0.1:2379", "--advertise-client-urls=http://127.0.0.1:2379",
-      "--listen-peer-urls=http://127.0.0.1:2380", "--initial-advertise-peer-urls=http://127.0.0.1:2380", "--initial-cluster=e2e=http://127.0.0.1:2380",
-      "--unsafe-no-fsync", "--log-level=warn",
+      "--name=e2e",
+      `--data-dir=${path.join(dir, "etcd")}`,
+      "--listen-client-urls=http://127.0.0.1:2379",
+      "--advertise-client-urls=http://127.0.0.1:2379",
+      "--listen-peer-urls=http://127.0.0.1:2380",
+      "--initial-advertise-peer-urls=http://127.0.0.1:2380",
+      "--initial-cluster=e2e=http://127.0.0.1:2380",
+      "--unsafe-no-fsync",
+      "--log-level=warn",
     ]);
     const apiserver = await start("kube-apiserver", path.join(bin, "kube-apiserver"), [
       "--etcd-servers=http://127.0.0.1:2379",
-      `--bind-address=${API_ADDRESS}`, `--advertise-address=${API_ADDRESS}`, "--secure-port=443",
-      `--tls-cert-file=${pki.serving.cert}`, `--tls-private-key-file=${pki.serving.key}`, `--cert-dir=${path.join(dir, "apiserver-certs")}`,
-      `--token-auth-file=${pki.tokensFile}`, "--authorization-mode=Node,RBAC",
+      `--bind-address=${API_ADDRESS}`,
+      `--advertise-address=${API_ADDRESS}`,
+      "--secure-port=443",
+      `--tls-cert-file=${pki.serving.cert}`,
+      `--tls-private-key-file=${pki.serving.key}`,
+      `--cert-dir=${path.join(dir, "apiserver-certs")}`,
+      `--token-auth-file=${pki.tokensFile}`,
+      "--authorization-mode=Node,RBAC",
       `--service-cluster-ip-range=${SERVICE_RANGE}`,
-      "--service-account-issuer=https://kubernetes.default.svc", `--service-account-key-file=${pki.serviceAccount.pub}`, `--service-account-signing-key-file=${pki.serviceAccount.key}`,
-      "--allow-privileged=true", "--profiling=false",
+      "--service-account-issuer=https://kubernetes.default.svc",
+      `--service-account-key-file=${pki.serviceAccount.pub}`,
+      `--service-account-signing-key-file=${pki.serviceAccount.key}`,
+      "--allow-privileged=true",
+      "--profiling=false",
       // kubectl logs and exec reach the kubelets by their InternalIP, with a client certificate they trust.
-      "--kubelet-preferred-address-types=InternalIP", `--kubelet-client-certificate=${pki.kubeletClient.cert}`, `--kubelet-client-key=${pki.kubeletClient.key}`,
+      "--kubelet-preferred-address-types=InternalIP",
+      `--kubelet-client-certificate=${pki.kubeletClient.cert}`,
+      `--kubelet-client-key=${pki.kubeletClient.key}`,
     ]);
     await until("kube-apiserver answers /readyz", apiserver, async () => (await kubectl(["get", "--raw", "/readyz"])) === "ok", 120_000);
 
     await start("kube-controller-manager", path.join(bin, "kube-controller-manager"), [
-      `--kubeconfig=${kubeconfig}`, `--authentication-kubeconfig=${kubeconfig}`, `--authorization-kubeconfig=${kubeconfig}`,
-      "--leader-elect=false", "--bind-address=127.0.0.1", `--cert-dir=${path.join(dir, "kcm-certs")}`,
+      `--kubeconfig=${kubeconfig}`,
+      `--authentication-kubeconfig=${kubeconfig}`,
+      `--authorization-kubeconfig=${kubeconfig}`,
+      "--leader-elect=false",
+      "--bind-address=127.0.0.1",
+      `--cert-dir=${path.join(dir, "kcm-certs")}`,
       // The service-account token controller signs pods' tokens; kube-root-ca.crt carries the CA pods verify the API server with.
-      `--service-account-private-key-file=${pki.serviceAccount.key}`, `--root-ca-file=${pki.ca}`,
-      "--use-service-account-credentials=false", "--controllers=*",
+      `--service-account-private-key-file=${pki.serviceAccount.key}`,
+      `--root-ca-file=${pki.ca}`,
+      "--use-service-account-credentials=false",
+      "--controllers=*",
       // Otherwise it creates /usr/libexec/kubernetes/kubelet-plugins on the machine.
       `--flex-volume-plugin-dir=${path.join(dir, "kcm-volume-plugins")}`,
       // A lost node's pods are marked for deletion soon, not after the default 5 minutes.
       "--node-monitor-grace-period=20s",
     ]);
     await start("kube-scheduler", path.join(bin, "kube-scheduler"), [
-      `--kubeconfig=${kubeconfig}`, `--authentication-kubeconfig=${kubeconfig}`, `--authorization-kubeconfig=${kubeconfig}`,
-      "--leader-elect=false", "--bind-address=127.0.0.1",
+      `--kubeconfig=${kubeconfig}`,
+      `--authentication-kubeconfig=${kubeconfig}`,
+      `--authorization-kubeconfig=${kubeconfig}`,
+      "--leader-elect=false",
+      "--bind-address=127.0.0.1",
     ]);
 
     for (let n = 1; n <= nodeCount; n++) nodes.push(await startNode(n, cgroupRoots[n - 1]!, path.join(dir, `node${n}`), netns, pki, bin));
-    await until("every node is Ready", apiserver, async () => {
-      const out = await kubectl(["get", "nodes", "-o", "jsonpath={range .items[*]}{.status.conditions[?(@.type==\"Ready\")].status}{\"\\n\"}{end}"]);
-      return out.split("\n").filter((s) => s === "True").length === nodeCount;
-    }, 120_000);
+    await until(
+      "every node is Ready",
+      apiserver,
+      async () => {
+        const out = await kubectl(["get", "nodes", "-o", 'jsonpath={range .items[*]}{.status.conditions[?(@.type=="Ready")].status}{"\\n"}{end}']);
+        return out.split("\n").filter((s) => s === "True").length === nodeCount;
+      },
+      120_000,
+    );
     await until("the default ServiceAccount exists", apiserver, async () => kubectl(["get", "serviceaccount", "default"]).then(() => true), 60_000);
 
     return {
@@ -172,9 +208,11 @@ export async function startCluster(dir: string, nodeCount = 2): Promise<Cluster>
       helm: (args) => inNetns(HELM, args),
       // The nodes unpack at once, each its archives in turn.
       importImages: async (archives) => {
-        await Promise.all(nodes.map(async (node) => {
-          for (const archive of archives) await importImage(node.containerdSocket, archive);
-        }));
+        await Promise.all(
+          nodes.map(async (node) => {
+            for (const archive of archives) await importImage(node.containerdSocket, archive);
+          }),
+        );
       },
       // Every process of a node ends with it, and its mounts with its mount namespace.
       stop,
@@ -240,8 +278,21 @@ async function certificates(dir: string, nodeCount: number): Promise<Pki> {
   await fs.mkdir(dir, { recursive: true });
   const f = (name: string) => path.join(dir, name);
   const ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"];
-  await run("openssl", ["req", "-x509", ...ec, "-days", "2", "-subj", "/CN=git-csi-e2e-apiserver", "-keyout", f("serving.key"), "-out", f("serving.crt"),
-    "-addext", `subjectAltName=IP:${API_ADDRESS},IP:127.0.0.1,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc,DNS:localhost`]);
+  await run("openssl", [
+    "req",
+    "-x509",
+    ...ec,
+    "-days",
+    "2",
+    "-subj",
+    "/CN=git-csi-e2e-apiserver",
+    "-keyout",
+    f("serving.key"),
+    "-out",
+    f("serving.crt"),
+    "-addext",
+    `subjectAltName=IP:${API_ADDRESS},IP:127.0.0.1,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc,DNS:localhost`,
+  ]);
   await run("openssl", ["req", "-x509", ...ec, "-days", "2", "-subj", "/CN=git-csi-e2e-kubelet-client-ca", "-keyout", f("kubelet-ca.key"), "-out", f("kubelet-ca.crt")]);
   await run("openssl", ["req", ...ec, "-subj", "/O=system:masters/CN=kube-apiserver-kubelet-client", "-keyout", f("kubelet-client.key"), "-out", f("kubelet-client.csr")]);
   await run("openssl", ["x509", "-req", "-in", f("kubelet-client.csr"), "-CA", f("kubelet-ca.crt"), "-CAkey", f("kubelet-ca.key"), "-CAcreateserial", "-days", "2", "-out", f("kubelet-client.crt")]);
@@ -271,14 +322,22 @@ async function certificates(dir: string, nodeCount: number): Promise<Pki> {
 async function kubeconfigFile(dir: string, user: string, token: string, ca: string): Promise<string> {
   const file = path.join(dir, `${user}.kubeconfig`);
   // JSON is YAML: kubectl, helm and the kubelet all read it.
-  await fs.writeFile(file, JSON.stringify({
-    apiVersion: "v1",
-    kind: "Config",
-    clusters: [{ name: "e2e", cluster: { server: `https://${API_ADDRESS}:443`, "certificate-authority-data": (await fs.readFile(ca)).toString("base64") } }],
-    users: [{ name: user, user: { token } }],
-    contexts: [{ name: "e2e", context: { cluster: "e2e", user, namespace: "default" } }],
-    "current-context": "e2e",
-  }, null, 2), { mode: 0o600 });
+  await fs.writeFile(
+    file,
+    JSON.stringify(
+      {
+        apiVersion: "v1",
+        kind: "Config",
+        clusters: [{ name: "e2e", cluster: { server: `https://${API_ADDRESS}:443`, "certificate-authority-data": (await fs.readFile(ca)).toString("base64") } }],
+        users: [{ name: user, user: { token } }],
+        contexts: [{ name: "e2e", context: { cluster: "e2e", user, namespace: "default" } }],
+        "current-context": "e2e",
+      },
+      null,
+      2,
+    ),
+    { mode: 0o600 },
+  );
   return file;
 }
 
@@ -286,44 +345,97 @@ async function kubeconfigFile(dir: string, user: string, token: string, ca: stri
 async function startNode(n: number, cgroupRoot: string, dir: string, netns: string, pki: Pki, bin: string): Promise<ClusterNode> {
   const name = `node${n}`;
   const address = nodeAddress(n);
-  const paths = { kubelet: path.join(dir, "kubelet"), state: path.join(dir, "state"), podLogs: path.join(dir, "pods"), netns: path.join(dir, "netns"), containerd: path.join(dir, "containerd"), netd: path.join(dir, "net.d"), cni: path.join(dir, "cni") };
+  const paths = {
+    kubelet: path.join(dir, "kubelet"),
+    state: path.join(dir, "state"),
+    podLogs: path.join(dir, "pods"),
+    netns: path.join(dir, "netns"),
+    containerd: path.join(dir, "containerd"),
+    netd: path.join(dir, "net.d"),
+    cni: path.join(dir, "cni"),
+  };
   for (const p of Object.values(paths)) await fs.mkdir(p, { recursive: true });
   for (const p of Object.values(NODE_PATHS)) await fs.mkdir(p, { recursive: true });
 
   // The kubelet's cgroupRoot must exist in every v1 hierarchy; a cpuset group needs its cpus and mems.
   for (const h of HIERARCHIES) await fs.mkdir(`/sys/fs/cgroup/${h}/${cgroupRoot}/system`, { recursive: true });
   const cpuset = "/sys/fs/cgroup/cpuset";
-  for (const [parent, group] of [[cpuset, `${cpuset}/${cgroupRoot}`], [`${cpuset}/${cgroupRoot}`, `${cpuset}/${cgroupRoot}/system`]] as const) {
+  for (const [parent, group] of [
+    [cpuset, `${cpuset}/${cgroupRoot}`],
+    [`${cpuset}/${cgroupRoot}`, `${cpuset}/${cgroupRoot}/system`],
+  ] as const) {
     for (const file of ["cpuset.cpus", "cpuset.mems"]) await fs.writeFile(`${group}/${file}`, await fs.readFile(`${parent}/${file}`));
   }
 
   const socket = path.join(paths.containerd, "containerd.sock");
   await fs.writeFile(path.join(dir, "containerd.toml"), containerdConfig(paths.containerd, socket, paths.netd, address));
-  await fs.writeFile(path.join(paths.netd, "10-bridge.conflist"), JSON.stringify({
-    cniVersion: "0.4.0",
-    name: `pods-${name}`,
-    plugins: [{
-      type: "bridge", bridge: `${netns}n${n}`.slice(-15), isGateway: true, ipMasq: false, hairpinMode: true,
-      ipam: { type: "host-local", ranges: [[{ subnet: podRange(n) }]], routes: [{ dst: "0.0.0.0/0" }], dataDir: paths.cni },
-    }],
-  }));
+  await fs.writeFile(
+    path.join(paths.netd, "10-bridge.conflist"),
+    JSON.stringify({
+      cniVersion: "0.4.0",
+      name: `pods-${name}`,
+      plugins: [
+        {
+          type: "bridge",
+          bridge: `${netns}n${n}`.slice(-15),
+          isGateway: true,
+          ipMasq: false,
+          hairpinMode: true,
+          ipam: { type: "host-local", ranges: [[{ subnet: podRange(n) }]], routes: [{ dst: "0.0.0.0/0" }], dataDir: paths.cni },
+        },
+      ],
+    }),
+  );
 
   // containerd holds the node's mount namespace: it binds the node's directories over the paths every node uses, then runs.
   const pidFile = path.join(dir, "containerd.pid");
   // Shared inside the node, as on a real one: the mount-owner's Bidirectional mounts reach the kubelet and the pods.
-  const binds = Object.entries(NODE_PATHS).map(([key, target]) => `mount --bind ${paths[key as keyof typeof NODE_PATHS]} ${target} && mount --make-rshared ${target}`).join(" && ");
+  const binds = Object.entries(NODE_PATHS)
+    .map(([key, target]) => `mount --bind ${paths[key as keyof typeof NODE_PATHS]} ${target} && mount --make-rshared ${target}`)
+    .join(" && ");
   const joinCgroup = `echo $$ > /sys/fs/cgroup/freezer/${cgroupRoot}/system/cgroup.procs`;
-  const containerd = await watched("nsenter", [`--net=/run/netns/${netns}`, "--", "unshare", "--mount", "--propagation", "slave", "--", "sh", "-c",
-    `${binds} && ${joinCgroup} && echo $$ > ${pidFile} && exec containerd --config ${path.join(dir, "containerd.toml")}`], path.join(dir, "containerd.log"));
+  const containerd = await watched(
+    "nsenter",
+    [
+      `--net=/run/netns/${netns}`,
+      "--",
+      "unshare",
+      "--mount",
+      "--propagation",
+      "slave",
+      "--",
+      "sh",
+      "-c",
+      `${binds} && ${joinCgroup} && echo $$ > ${pidFile} && exec containerd --config ${path.join(dir, "containerd.toml")}`,
+    ],
+    path.join(dir, "containerd.log"),
+  );
   await until(`containerd of ${name} answers`, containerd, async () => (await run("ctr", ["-a", socket, "version"])).stdout.includes("Server"), 30_000);
   const holder = (await fs.readFile(pidFile, "utf8")).trim();
   await importImage(socket, await pauseArchive(path.join(dir, "pause.tar"), bin));
 
   const kubeconfig = await kubeconfigFile(dir, name, pki.tokens[name]!, pki.ca);
   await fs.writeFile(path.join(dir, "kubelet.yaml"), JSON.stringify(kubeletConfig(address, cgroupRoot, socket, pki.kubeletClientCa, path.join(dir, "volume-plugins"))));
-  const kubelet = await watched("nsenter", [`--net=/run/netns/${netns}`, `--mount=/proc/${holder}/ns/mnt`, "--", "sh", "-c", `${joinCgroup} && exec "$@"`, "kubelet",
-    path.join(bin, "kubelet"), `--config=${path.join(dir, "kubelet.yaml")}`, `--kubeconfig=${kubeconfig}`, `--cert-dir=${path.join(dir, "kubelet-pki")}`,
-    `--hostname-override=${name}`, `--node-ip=${address}`, "--v=2"], path.join(dir, "kubelet.log"));
+  const kubelet = await watched(
+    "nsenter",
+    [
+      `--net=/run/netns/${netns}`,
+      `--mount=/proc/${holder}/ns/mnt`,
+      "--",
+      "sh",
+      "-c",
+      `${joinCgroup} && exec "$@"`,
+      "kubelet",
+      path.join(bin, "kubelet"),
+      `--config=${path.join(dir, "kubelet.yaml")}`,
+      `--kubeconfig=${kubeconfig}`,
+      `--cert-dir=${path.join(dir, "kubelet-pki")}`,
+      `--hostname-override=${name}`,
+      `--node-ip=${address}`,
+      "--v=2",
+    ],
+    path.join(dir, "kubelet.log"),
+  );
 
   const freezer = `/sys/fs/cgroup/freezer/${cgroupRoot}/freezer.state`;
   const settle = async (state: "FROZEN" | "THAWED") => {

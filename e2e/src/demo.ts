@@ -45,7 +45,9 @@ async function main(): Promise<void> {
       "commit.author": "Home Assistant <homeassistant@home.example>",
     });
     const t = published.targetPath;
-    await sh(`chmod 0600 '${t}/automations.yaml' && mkdir -p '${t}/blueprints' '${t}/backups' && echo data > '${t}/home-assistant_v2.db' && head -c 2097152 /dev/urandom > '${t}/backups/snapshot.tar'`);
+    await sh(
+      `chmod 0600 '${t}/automations.yaml' && mkdir -p '${t}/blueprints' '${t}/backups' && echo data > '${t}/home-assistant_v2.db' && head -c 2097152 /dev/urandom > '${t}/backups/snapshot.tar'`,
+    );
     process.stdout.write("made automations.yaml 0600, an empty blueprints/ directory, a database (*.db is in .gitignore) and a 2 MiB backup\n");
     await waitFor("the push", async () => (await server.git("homeassistant.git", "log", "-1", "--format=%s", "main")).includes("path(s)"));
 

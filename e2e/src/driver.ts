@@ -56,7 +56,19 @@ export async function startDriver(options: DriverOptions = {}): Promise<Driver> 
   const stateDir = path.join(dir, "state");
   const endpoint = `unix://${path.join(dir, "csi.sock")}`;
   const address = (port?: number) => (port ? `127.0.0.1:${port}` : "");
-  const args = ["standalone", "--state-dir", stateDir, "--endpoint", endpoint, "--node-id", options.nodeId ?? "e2e-node", "--metrics-address", address(options.metricsPort), "--owner-metrics-address", address(options.ownerMetricsPort)];
+  const args = [
+    "standalone",
+    "--state-dir",
+    stateDir,
+    "--endpoint",
+    endpoint,
+    "--node-id",
+    options.nodeId ?? "e2e-node",
+    "--metrics-address",
+    address(options.metricsPort),
+    "--owner-metrics-address",
+    address(options.ownerMetricsPort),
+  ];
   if (options.lease) args.push("--lease-duration", options.lease.duration, "--lease-renew-interval", options.lease.renewInterval);
   if (options.kubeconfig) args.push("--kubeconfig", options.kubeconfig);
   const launcher = options.ownMountNamespace
@@ -151,7 +163,13 @@ export async function stageAndPublish(driver: Driver, volume: csi.Volume, mode =
   const capability = mountCapability(mode, volumeMountGroup);
   await call(
     driver.node.nodeStageVolume.bind(driver.node),
-    csi.NodeStageVolumeRequest.fromPartial({ volumeId: volume.volumeId, stagingTargetPath: stagingPath, volumeCapability: capability, volumeContext: volume.volumeContext, secrets: secrets.stage ?? {} }),
+    csi.NodeStageVolumeRequest.fromPartial({
+      volumeId: volume.volumeId,
+      stagingTargetPath: stagingPath,
+      volumeCapability: capability,
+      volumeContext: volume.volumeContext,
+      secrets: secrets.stage ?? {},
+    }),
     T,
   );
   const published = { volumeId: volume.volumeId, context: volume.volumeContext, stagingPath, targetPath };
@@ -163,7 +181,14 @@ export async function stageAndPublish(driver: Driver, volume: csi.Volume, mode =
 export async function publish(driver: Driver, volume: PublishedVolume, secrets: Record<string, string>, mode = SINGLE_NODE_SINGLE_WRITER, volumeMountGroup = ""): Promise<void> {
   await call(
     driver.node.nodePublishVolume.bind(driver.node),
-    csi.NodePublishVolumeRequest.fromPartial({ volumeId: volume.volumeId, stagingTargetPath: volume.stagingPath, targetPath: volume.targetPath, volumeCapability: mountCapability(mode, volumeMountGroup), volumeContext: volume.context, secrets }),
+    csi.NodePublishVolumeRequest.fromPartial({
+      volumeId: volume.volumeId,
+      stagingTargetPath: volume.stagingPath,
+      targetPath: volume.targetPath,
+      volumeCapability: mountCapability(mode, volumeMountGroup),
+      volumeContext: volume.context,
+      secrets,
+    }),
     T,
   );
 }

@@ -77,10 +77,7 @@ export class GitCommandError extends Error {
     readonly args: readonly string[],
     readonly result: RunGitResult,
   ) {
-    super(
-      `git ${args.join(" ")} failed (code ${String(result.code)}${result.signal ? `, signal ${result.signal}` : ""}): ` +
-        result.stderr.trim(),
-    );
+    super(`git ${args.join(" ")} failed (code ${String(result.code)}${result.signal ? `, signal ${result.signal}` : ""}): ` + result.stderr.trim());
     this.name = "GitCommandError";
   }
 }
@@ -157,13 +154,7 @@ function checkBranch(branch: string): void {
 }
 
 function checkFilePath(p: string): void {
-  if (
-    p === "" ||
-    p.startsWith("/") ||
-    p.endsWith("/") ||
-    p.includes("\0") ||
-    p.split("/").some((seg) => seg === "" || seg === "." || seg === ".." || seg === ".git")
-  ) {
+  if (p === "" || p.startsWith("/") || p.endsWith("/") || p.includes("\0") || p.split("/").some((seg) => seg === "" || seg === "." || seg === ".." || seg === ".git")) {
     throw new Error(`invalid file path ${JSON.stringify(p)}`);
   }
 }
@@ -185,18 +176,10 @@ export function freePort(): Promise<number> {
 const sleep = (ms: number) => new Promise<void>((r) => setTimeout(r, ms));
 
 /** Write a commit into a bare repo via a throwaway index (supports nested paths). */
-async function writeCommit(
-  gitDir: string,
-  tmpDir: string,
-  parent: string | undefined,
-  files: Record<string, string | Uint8Array>,
-  remove: readonly string[],
-  message: string,
-): Promise<string> {
+async function writeCommit(gitDir: string, tmpDir: string, parent: string | undefined, files: Record<string, string | Uint8Array>, remove: readonly string[], message: string): Promise<string> {
   const indexFile = path.join(tmpDir, `index-${process.pid}-${Math.random().toString(36).slice(2)}`);
   const env = gitEnv({ GIT_INDEX_FILE: indexFile });
-  const g = (args: string[], input?: string | Uint8Array) =>
-    runGit([`--git-dir=${gitDir}`, ...args], { env, input });
+  const g = (args: string[], input?: string | Uint8Array) => runGit([`--git-dir=${gitDir}`, ...args], { env, input });
   try {
     if (parent) await g(["read-tree", parent]);
     else await g(["read-tree", "--empty"]);
@@ -277,7 +260,7 @@ function liveDescendants(root: number): { pid: number; ppid: number }[] {
   }
   const inTree = new Set([root]);
   const out: { pid: number; ppid: number }[] = [];
-  for (let grew = true; grew; ) {
+  for (let grew = true; grew;) {
     grew = false;
     for (const p of procs) {
       if (!inTree.has(p.pid) && inTree.has(p.ppid)) {
@@ -366,18 +349,7 @@ export async function startGitDaemon(): Promise<GitDaemon> {
     stderrTail = "";
     const child = spawn(
       "git",
-      [
-        "daemon",
-        "--listen=127.0.0.1",
-        `--port=${port}`,
-        "--export-all",
-        "--enable=receive-pack",
-        `--base-path=${baseDir}`,
-        "--reuseaddr",
-        "--informative-errors",
-        "--verbose",
-        baseDir,
-      ],
+      ["daemon", "--listen=127.0.0.1", `--port=${port}`, "--export-all", "--enable=receive-pack", `--base-path=${baseDir}`, "--reuseaddr", "--informative-errors", "--verbose", baseDir],
       { env: gitEnv(), stdio: ["ignore", "ignore", "pipe"], detached: true },
     );
     daemon = child;

@@ -53,13 +53,10 @@ const newToken = () => randomBytes(24).toString("base64url"); // [A-Za-z0-9_-], 
 /** GET without credentials; resolves to status + WWW-Authenticate, or undefined on connection errors. */
 function probe(port: number): Promise<{ status: number; wwwAuthenticate: string } | undefined> {
   return new Promise((resolve) => {
-    const req = http.get(
-      { host: "127.0.0.1", port, path: "/git/", agent: false, timeout: 2_000, headers: { connection: "close" } },
-      (res) => {
-        res.resume();
-        resolve({ status: res.statusCode ?? 0, wwwAuthenticate: String(res.headers["www-authenticate"] ?? "") });
-      },
-    );
+    const req = http.get({ host: "127.0.0.1", port, path: "/git/", agent: false, timeout: 2_000, headers: { connection: "close" } }, (res) => {
+      res.resume();
+      resolve({ status: res.statusCode ?? 0, wwwAuthenticate: String(res.headers["www-authenticate"] ?? "") });
+    });
     req.on("timeout", () => req.destroy());
     req.on("error", () => resolve(undefined));
   });

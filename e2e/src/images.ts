@@ -67,7 +67,11 @@ export function recipeOf(service: string): Recipe {
 
 /** The final stage of a Dockerfile as a Recipe; throws naming the line it cannot follow. */
 export function parseDockerfile(service: string, text: string, file: string): Recipe {
-  const lines = text.replace(/\\\n/g, " ").split("\n").map((l) => l.trim()).filter((l) => l && !l.startsWith("#"));
+  const lines = text
+    .replace(/\\\n/g, " ")
+    .split("\n")
+    .map((l) => l.trim())
+    .filter((l) => l && !l.startsWith("#"));
   const stages: string[][] = [];
   for (const line of lines) {
     if (/^FROM\s/i.test(line)) stages.push([]);
@@ -75,7 +79,10 @@ export function parseDockerfile(service: string, text: string, file: string): Re
   }
   const final = stages.at(-1);
   if (!final) throw new Error(`${file}: no FROM`);
-  const deploy = stages.flat().map((l) => /pnpm deploy --filter (\S+)/.exec(l)?.[1]).find(Boolean);
+  const deploy = stages
+    .flat()
+    .map((l) => /pnpm deploy --filter (\S+)/.exec(l)?.[1])
+    .find(Boolean);
   if (!deploy) throw new Error(`${file}: no 'pnpm deploy --filter <package>' in a build stage`);
   const recipe: Recipe = { service, deploy, base: "", packages: [], env: {}, workdir: "/", user: "root", entrypoint: [] };
   for (const line of final) {
@@ -116,7 +123,11 @@ export function image(recipe: Recipe, ref: string, appDir: string): Image {
   const base = BASES[recipe.base]!;
   return {
     ref,
-    layers: [{ debian: base, without: [] }, { debian: recipe.packages, without: base }, { directory: appDir, at: "/app" }],
+    layers: [
+      { debian: base, without: [] },
+      { debian: recipe.packages, without: base },
+      { directory: appDir, at: "/app" },
+    ],
     config: { Entrypoint: recipe.entrypoint, Env: [PATH, ...Object.entries(recipe.env).map(([k, v]) => `${k}=${v}`)], WorkingDir: recipe.workdir, User: recipe.user },
   };
 }
@@ -157,25 +168,35 @@ export async function buildImage(img: Image, out: string, work: string): Promise
     if ("debian" in layer) {
       const below = new Set(closure);
       closure = packageClosure([...closure, ...layer.debian]);
-      await cachedDebianLayer(closure.filter((p) => !below.has(p)), closure, path.join(work, `rootfs${i}`), tar);
+      await cachedDebianLayer(
+        closure.filter((p) => !below.has(p)),
+        closure,
+        path.join(work, `rootfs${i}`),
+        tar,
+      );
     } else await directoryLayer(layer, path.join(work, `dir${i}`), tar);
     layers.push(await blob(blobs, tar, "application/vnd.oci.image.layer.v1.tar"));
   }
-  const config = Buffer.from(JSON.stringify({
-    architecture: "amd64",
-    os: "linux",
-    config: img.config,
-    rootfs: { type: "layers", diff_ids: layers.map((l) => l.digest) },
-  }));
+  const config = Buffer.from(
+    JSON.stringify({
+      architecture: "amd64",
+      os: "linux",
+      config: img.config,
+      rootfs: { type: "layers", diff_ids: layers.map((l) => l.digest) },
+    }),
+  );
   const configBlob = await blobOf(blobs, config, "application/vnd.oci.image.config.v1+json");
   const manifest = Buffer.from(JSON.stringify({ schemaVersion: 2, mediaType: "application/vnd.oci.image.manifest.v1+json", config: configBlob, layers }));
   const manifestBlob = await blobOf(blobs, manifest, "application/vnd.oci.image.manifest.v1+json");
   const layout = path.join(work, "layout");
   await fs.writeFile(path.join(layout, "oci-layout"), JSON.stringify({ imageLayoutVersion: "1.0.0" }));
-  await fs.writeFile(path.join(layout, "index.json"), JSON.stringify({
-    schemaVersion: 2,
-    manifests: [{ ...manifestBlob, annotations: { "io.containerd.image.name": img.ref, "org.opencontainers.image.ref.name": img.ref.slice(img.ref.lastIndexOf(":") + 1) } }],
-  }));
+  await fs.writeFile(
+    path.join(layout, "index.json"),
+    JSON.stringify({
+      schemaVersion: 2,
+      manifests: [{ ...manifestBlob, annotations: { "io.containerd.image.name": img.ref, "org.opencontainers.image.ref.name": img.ref.slice(img.ref.lastIndexOf(":") + 1) } }],
+    }),
+  );
   await run("tar", ["-C", layout, "-cf", out, "oci-layout", "index.json", "blobs"]);
   await fs.rm(work, { recursive: true, force: true });
 }
@@ -206,7 +227,14 @@ function installed(): Map<string, { depends: string; provides: string[] }> {
   const packages = new Map<string, { depends: string; provides: string[] }>();
   for (const line of out.split("\n").filter(Boolean)) {
     const [name, status, depends, provides] = line.split("\t") as [string, string, string, string];
-    if (status.trim() === "ii") packages.set(name, { depends, provides: provides.split(",").map((p) => p.trim().split(/\s/)[0]!).filter(Boolean) });
+    if (status.trim() === "ii")
+      packages.set(name, {
+        depends,
+        provides: provides
+          .split(",")
+          .map((p) => p.trim().split(/\s/)[0]!)
+          .filter(Boolean),
+      });
   }
   return packages;
 }
@@ -223,7 +251,11 @@ export function packageClosure(roots: string[]): string[] {
     if (!found) throw new Error(`${wantedBy} needs the Debian package ${name}, which is not installed: run 'make apt'`);
     if (seen.has(found) || OMITTED.has(found)) return;
     seen.add(found);
-    for (const clause of db.get(found)!.depends.split(",").map((c) => c.trim()).filter(Boolean)) {
+    for (const clause of db
+      .get(found)!
+      .depends.split(",")
+      .map((c) => c.trim())
+      .filter(Boolean)) {
       const alternatives = clause.split("|").map((a) => a.trim().split(/[\s:(]/)[0]!);
       const chosen = alternatives.find((a) => resolve(a)) ?? alternatives[0]!;
       visit(chosen, found);
@@ -240,9 +272,18 @@ export function packageClosure(roots: string[]): string[] {
  */
 async function cachedDebianLayer(packages: string[], closure: string[], rootfs: string, tar: string): Promise<void> {
   const versions = execFileSync("dpkg-query", ["-W", "-f=${Package}=${Version}\n", ...closure], { encoding: "utf8" });
-  const key = crypto.createHash("sha256").update(JSON.stringify({ packages, versions, SLIM: SLIM.source })).digest("hex").slice(0, 32);
+  const key = crypto
+    .createHash("sha256")
+    .update(JSON.stringify({ packages, versions, SLIM: SLIM.source }))
+    .digest("hex")
+    .slice(0, 32);
   const cached = path.join(ROOT, ".cache", "images", `debian-${key}.tar`);
-  if (!(await fs.stat(cached).then(() => true, () => false))) {
+  if (
+    !(await fs.stat(cached).then(
+      () => true,
+      () => false,
+    ))
+  ) {
     await fs.mkdir(path.dirname(cached), { recursive: true });
     await debianLayer(packages, closure, rootfs, `${cached}.${process.pid}`);
     await fs.rename(`${cached}.${process.pid}`, cached);
@@ -304,7 +345,10 @@ async function usrMerge(rootfs: string): Promise<string[]> {
       if (err.code === "EINVAL" || err.code === "ENOENT") return undefined; // a directory, or absent: nothing to link
       throw err;
     });
-    const present = await fs.lstat(path.join(rootfs, link)).then(() => true, () => false);
+    const present = await fs.lstat(path.join(rootfs, link)).then(
+      () => true,
+      () => false,
+    );
     if (!target || present) continue; // a package listed the link itself
     await fs.symlink(target, path.join(rootfs, link));
     links.push(link);
@@ -403,7 +447,13 @@ export async function chartImages(dir: string): Promise<string[]> {
   for (const [key, service] of Object.entries(DRIVER_IMAGES) as [keyof typeof DRIVER_IMAGES, string][]) archives.push(await driverImage(service, refs[key], dir));
   for (const key of ["provisioner", "resizer"] as const) {
     const binary = sidecarBinary(refs[key]);
-    if (!(await fs.stat(binary).then(() => true, () => false))) throw new Error(`no ${path.relative(ROOT, binary)}: run 'make cluster-tools'`);
+    if (
+      !(await fs.stat(binary).then(
+        () => true,
+        () => false,
+      ))
+    )
+      throw new Error(`no ${path.relative(ROOT, binary)}: run 'make cluster-tools'`);
     archives.push(path.join(dir, `${key}.tar`));
     await buildImage(binaryImage(refs[key], binary), archives.at(-1)!, path.join(dir, `${key}-work`));
   }

@@ -234,8 +234,7 @@ export async function startSshGitServer(place: SshServerPlace = { address: "127.
 
   const ops = bareRepoOps(baseDir, workDir);
   const keys = new Map<string, string>(); // name -> authorized_keys line
-  const forcedCommand =
-    `HOME=${shellHome} GIT_CONFIG_NOSYSTEM=1 GIT_CONFIG_GLOBAL=/dev/null ` + `exec git-shell -c \\"$SSH_ORIGINAL_COMMAND\\"`;
+  const forcedCommand = `HOME=${shellHome} GIT_CONFIG_NOSYSTEM=1 GIT_CONFIG_GLOBAL=/dev/null ` + `exec git-shell -c \\"$SSH_ORIGINAL_COMMAND\\"`;
 
   // sshd re-reads the file on every authentication; replace it atomically
   const writeAuthorizedKeys = () => {

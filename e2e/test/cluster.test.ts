@@ -40,24 +40,38 @@ let git: SshGitServer;
 let dir: string;
 const skip = clusterMissing();
 
-before(async () => {
-  if (skip) return;
-  dir = await fs.mkdtemp(path.join(os.tmpdir(), "git-csi-cluster-"));
-  const images = path.join(dir, "images");
-  const archives = await chartImages(images);
-  archives.push(path.join(images, "shell.tar"));
-  await buildImage(shellImage(SHELL_IMAGE), archives.at(-1)!, path.join(images, "shell-work"));
-  cluster = await startCluster(path.join(dir, "cluster"));
-  await cluster.importImages(archives);
-  git = await startSshGitServer({ address: GIT_ADDRESS, netns: cluster.netns });
-  // Every Secret the tests make carries the server's host key.
-  await fs.writeFile(path.join(dir, "known_hosts"), `${git.hostKeyLine}\n`);
-  // As the README says, with the imported images and a lease a test can outwait.
-  await cluster.helm(["install", "git-csi", path.join(ROOT, "charts", "git-csi"), "-n", "git-csi", "--create-namespace",
-    ...Object.keys(chartImageRefs()).flatMap((key) => ["--set", `images.${key}.pullPolicy=Never`]),
-    "--set", `node.lease.duration=${LEASE.duration}`, "--set", `node.lease.renewInterval=${LEASE.renewInterval}`,
-    "--wait", "--timeout=5m"]);
-}, { timeout: 15 * 60_000 });
+before(
+  async () => {
+    if (skip) return;
+    dir = await fs.mkdtemp(path.join(os.tmpdir(), "git-csi-cluster-"));
+    const images = path.join(dir, "images");
+    const archives = await chartImages(images);
+    archives.push(path.join(images, "shell.tar"));
+    await buildImage(shellImage(SHELL_IMAGE), archives.at(-1)!, path.join(images, "shell-work"));
+    cluster = await startCluster(path.join(dir, "cluster"));
+    await cluster.importImages(archives);
+    git = await startSshGitServer({ address: GIT_ADDRESS, netns: cluster.netns });
+    // Every Secret the tests make carries the server's host key.
+    await fs.writeFile(path.join(dir, "known_hosts"), `${git.hostKeyLine}\n`);
+    // As the README says, with the imported images and a lease a test can outwait.
+    await cluster.helm([
+      "install",
+      "git-csi",
+      path.join(ROOT, "charts", "git-csi"),
+      "-n",
+      "git-csi",
+      "--create-namespace",
+      ...Object.keys(chartImageRefs()).flatMap((key) => ["--set", `images.${key}.pullPolicy=Never`]),
+      "--set",
+      `node.lease.duration=${LEASE.duration}`,
+      "--set",
+      `node.lease.renewInterval=${LEASE.renewInterval}`,
+      "--wait",
+      "--timeout=5m",
+    ]);
+  },
+  { timeout: 15 * 60_000 },
+);
 
 after(async () => {
   await cluster?.stop();
@@ -71,11 +85,15 @@ const events = async (namespace: string) => (JSON.parse(await kubectl("get", "ev
 const remoteFile = (repo: string, file: string) => git.git(repo, "show", `main:${file}`).catch(() => undefined);
 
 test("the kubelet registers the driver the chart installed, on both nodes, with no registrar sidecar", { skip }, async () => {
-  const csinodes = await waitFor("git.liken.sh in both CSINodes", async () => {
-    const out = await kubectl("get", "csinodes", "-o", "jsonpath={range .items[*]}{.metadata.name}={.spec.drivers[*].name}{\"\\n\"}{end}");
-    const lines = out.trim().split("\n").sort();
-    return lines.length === 2 && lines.every((l) => l.endsWith("=git.liken.sh")) && lines;
-  }, 60_000);
+  const csinodes = await waitFor(
+    "git.liken.sh in both CSINodes",
+    async () => {
+      const out = await kubectl("get", "csinodes", "-o", 'jsonpath={range .items[*]}{.metadata.name}={.spec.drivers[*].name}{"\\n"}{end}');
+      const lines = out.trim().split("\n").sort();
+      return lines.length === 2 && lines.every((l) => l.endsWith("=git.liken.sh")) && lines;
+    },
+    60_000,
+  );
   assert.deepEqual(csinodes, ["node1=git.liken.sh", "node2=git.liken.sh"]);
   const containers = await kubectl("get", "daemonset", "git-csi-node", "-n", "git-csi", "-o", "jsonpath={.spec.template.spec.containers[*].name}");
   assert.deepEqual(containers.split(" ").sort(), ["csi-frontend", "git-worker", "mount-owner"]);
@@ -90,13 +108,24 @@ test("spec 004's homeassistant example: written, armed through the claim's class
 
   await kubectl("apply", "-f", path.join(EXAMPLE, "namespace.yaml"));
   // The Secret as secret.yaml says to make it from files.
-  await kubectl("create", "secret", "generic", "homeassistant-deploy-key", "-n", "home", "--type=kubernetes.io/ssh-auth",
-    `--from-file=ssh-privatekey=${keyFile}`, `--from-file=known_hosts=${path.join(dir, "known_hosts")}`);
+  await kubectl(
+    "create",
+    "secret",
+    "generic",
+    "homeassistant-deploy-key",
+    "-n",
+    "home",
+    "--type=kubernetes.io/ssh-auth",
+    `--from-file=ssh-privatekey=${keyFile}`,
+    `--from-file=known_hosts=${path.join(dir, "known_hosts")}`,
+  );
   await apply((await example("persistentvolume.yaml")).replace("git@code.example.com:home/homeassistant.git", git.url("homeassistant.git")));
   await kubectl("apply", "-f", path.join(EXAMPLE, "persistentvolumeclaim.yaml"));
   await waitFor("the claim Bound", async () => (await kubectl("get", "pvc", "config", "-n", "home", "-o", "jsonpath={.status.phase}")) === "Bound");
-  const deployment = (await example("deployment.yaml")).replace("          image: ghcr.io/home-assistant/home-assistant:stable",
-    `          image: ${SHELL_IMAGE}\n          imagePullPolicy: Never\n          command: ["node", "-e", ${JSON.stringify(HOMEASSISTANT)}]`);
+  const deployment = (await example("deployment.yaml")).replace(
+    "          image: ghcr.io/home-assistant/home-assistant:stable",
+    `          image: ${SHELL_IMAGE}\n          imagePullPolicy: Never\n          command: ["node", "-e", ${JSON.stringify(HOMEASSISTANT)}]`,
+  );
   assert.notEqual(deployment, await example("deployment.yaml"), "the example names the image this test replaces");
   await apply(deployment);
   await kubectl("rollout", "status", "deployment/homeassistant", "-n", "home", "--timeout=180s");
@@ -106,19 +135,29 @@ test("spec 004's homeassistant example: written, armed through the claim's class
   await kubectl("apply", "-f", path.join(EXAMPLE, "volumeattributesclass.yaml"));
   await kubectl("patch", "pvc", "config", "-n", "home", "-p", JSON.stringify({ spec: { volumeAttributesClassName: "config-eager" } }));
   // The external-resizer calls ControllerModifyVolume, and the claim's status follows.
-  await waitFor("status.currentVolumeAttributesClassName", async () =>
-    (await kubectl("get", "pvc", "config", "-n", "home", "-o", "jsonpath={.status.currentVolumeAttributesClassName}")) === "config-eager", 90_000);
+  await waitFor(
+    "status.currentVolumeAttributesClassName",
+    async () => (await kubectl("get", "pvc", "config", "-n", "home", "-o", "jsonpath={.status.currentVolumeAttributesClassName}")) === "config-eager",
+    90_000,
+  );
   // push.quiesce is 30s in the example.
   const pushed = await waitFor("configuration.yaml pushed", () => remoteFile("homeassistant.git", "configuration.yaml"), 120_000);
   assert.equal(pushed, "homeassistant:\n  name: Home");
   assert.equal((await git.git("homeassistant.git", "log", "-1", "--format=%an <%ae>", "main")).trim(), "Home Assistant <homeassistant@home.example>");
 
-  const all = await waitFor("GitVolumeArmed and GitVolumePushed on the pod and the claim", async () => {
-    const list = await events("home");
-    const on = (kind: string, reason: string) => list.some((e) => e.involvedObject.kind === kind && e.reason === reason);
-    return on("Pod", "GitVolumeArmed") && on("PersistentVolumeClaim", "GitVolumeArmed") && on("Pod", "GitVolumePushed") && on("PersistentVolumeClaim", "GitVolumePushed") && list;
-  }, 60_000);
-  assert.ok(all.every((e) => !e.reason.startsWith("GitVolume") || e.type === "Normal"), "no Warning from the driver");
+  const all = await waitFor(
+    "GitVolumeArmed and GitVolumePushed on the pod and the claim",
+    async () => {
+      const list = await events("home");
+      const on = (kind: string, reason: string) => list.some((e) => e.involvedObject.kind === kind && e.reason === reason);
+      return on("Pod", "GitVolumeArmed") && on("PersistentVolumeClaim", "GitVolumeArmed") && on("Pod", "GitVolumePushed") && on("PersistentVolumeClaim", "GitVolumePushed") && list;
+    },
+    60_000,
+  );
+  assert.ok(
+    all.every((e) => !e.reason.startsWith("GitVolume") || e.type === "Normal"),
+    "no Warning from the driver",
+  );
   const describe = await kubectl("describe", "pvc", "config", "-n", "home");
   assert.match(describe, /GitVolumeArmed/);
   assert.match(describe, /GitVolumePushed/);
@@ -132,8 +171,20 @@ test("a rotated Secret is what the next push uses", { skip }, async () => {
   const key = await git.addDeployKey("homeassistant-rotated");
   const keyFile = path.join(dir, "homeassistant-deploy-key-rotated");
   await fs.writeFile(keyFile, key.privateKey, { mode: 0o600 });
-  const secret = await kubectl("create", "secret", "generic", "homeassistant-deploy-key", "-n", "home", "--type=kubernetes.io/ssh-auth",
-    `--from-file=ssh-privatekey=${keyFile}`, `--from-file=known_hosts=${path.join(dir, "known_hosts")}`, "--dry-run=client", "-o", "yaml");
+  const secret = await kubectl(
+    "create",
+    "secret",
+    "generic",
+    "homeassistant-deploy-key",
+    "-n",
+    "home",
+    "--type=kubernetes.io/ssh-auth",
+    `--from-file=ssh-privatekey=${keyFile}`,
+    `--from-file=known_hosts=${path.join(dir, "known_hosts")}`,
+    "--dry-run=client",
+    "-o",
+    "yaml",
+  );
   await apply(secret);
   // The old key no longer opens the repository: only the rotated one can push what comes next.
   await git.revokeDeployKey("homeassistant");
@@ -175,12 +226,19 @@ test("helm upgrade with a new csi-frontend image while the example writes: what 
   // helm's --wait is satisfied once all but maxUnavailable node pods are new.
   await kubectl("rollout", "status", "daemonset/git-csi-node", "-n", "git-csi", "--timeout=300s");
   const after = (await kubectl("get", "pods", "-n", "git-csi", "-l", "app.kubernetes.io/component=node", "-o", "jsonpath={.items[*].metadata.uid}")).split(" ");
-  assert.ok(after.every((uid) => !before.includes(uid)), "every node plugin pod was replaced");
+  assert.ok(
+    after.every((uid) => !before.includes(uid)),
+    "every node plugin pod was replaced",
+  );
   assert.match(await kubectl("get", "daemonset", "git-csi-node", "-n", "git-csi", "-o", "jsonpath={.spec.template.spec.containers[0].image}"), /:upgrade$/);
-  const log = await waitFor("the writer's summary", async () => {
-    const text = await inApp("cat /tmp/writer.log");
-    return /done ok=\d+ failed=\d+/.test(text) && text;
-  }, 120_000);
+  const log = await waitFor(
+    "the writer's summary",
+    async () => {
+      const text = await inApp("cat /tmp/writer.log");
+      return /done ok=\d+ failed=\d+/.test(text) && text;
+    },
+    120_000,
+  );
   const [, ok, failed] = /done ok=(\d+) failed=(\d+)/.exec(log)!.map(Number) as [number, number, number];
   // Until "The mount survives" lands, the chart's one node pod holds the
   // mount-owner too: replacing the pod for a new csi-frontend image ends the
@@ -210,7 +268,15 @@ test("reclaim policy Delete: deleting the PersistentVolume removes the node's tr
   await kubectl("patch", "pv", "homeassistant-config", "-p", JSON.stringify({ spec: { persistentVolumeReclaimPolicy: "Delete" } }));
   await kubectl("delete", "pvc", "config", "-n", "home");
   await kubectl("wait", "--for=delete", "pv/homeassistant-config", "--timeout=120s");
-  await waitFor("the node's tree removed", async () => fs.access(tree).then(() => false, () => true), 60_000);
+  await waitFor(
+    "the node's tree removed",
+    async () =>
+      fs.access(tree).then(
+        () => false,
+        () => true,
+      ),
+    60_000,
+  );
 });
 
 // Appends "<node> <n>" to /data/writes.txt every second, for as long as it runs.
@@ -222,17 +288,18 @@ setInterval(() => {
 }, 1000);
 `;
 
-const rwoPod = (name: string, node: string) => JSON.stringify({
-  apiVersion: "v1",
-  kind: "Pod",
-  metadata: { name, namespace: "rwo" },
-  spec: {
-    nodeName: node,
-    terminationGracePeriodSeconds: 5,
-    containers: [{ name: "app", image: SHELL_IMAGE, imagePullPolicy: "Never", command: ["node", "-e", RWO_WRITER(node)], volumeMounts: [{ name: "data", mountPath: "/data" }] }],
-    volumes: [{ name: "data", persistentVolumeClaim: { claimName: "data" } }],
-  },
-});
+const rwoPod = (name: string, node: string) =>
+  JSON.stringify({
+    apiVersion: "v1",
+    kind: "Pod",
+    metadata: { name, namespace: "rwo" },
+    spec: {
+      nodeName: node,
+      terminationGracePeriodSeconds: 5,
+      containers: [{ name: "app", image: SHELL_IMAGE, imagePullPolicy: "Never", command: ["node", "-e", RWO_WRITER(node)], volumeMounts: [{ name: "data", mountPath: "/data" }] }],
+      volumes: [{ name: "data", persistentVolumeClaim: { claimName: "data" } }],
+    },
+  });
 
 const nodeLines = (text: string | undefined, node: string) => (text ?? "").split("\n").filter((l) => l.startsWith(`${node} `));
 
@@ -242,22 +309,49 @@ test("ReadWriteOnce across two nodes: node 1 is lost, node 2 takes the volume af
   const keyFile = path.join(dir, "rwo-key");
   await fs.writeFile(keyFile, key.privateKey, { mode: 0o600 });
   await kubectl("create", "namespace", "rwo");
-  await kubectl("create", "secret", "generic", "rwo-key", "-n", "rwo", "--type=kubernetes.io/ssh-auth", `--from-file=ssh-privatekey=${keyFile}`, `--from-file=known_hosts=${path.join(dir, "known_hosts")}`);
+  await kubectl(
+    "create",
+    "secret",
+    "generic",
+    "rwo-key",
+    "-n",
+    "rwo",
+    "--type=kubernetes.io/ssh-auth",
+    `--from-file=ssh-privatekey=${keyFile}`,
+    `--from-file=known_hosts=${path.join(dir, "known_hosts")}`,
+  );
   const secretRef = { name: "rwo-key", namespace: "rwo" };
-  await apply(JSON.stringify({
-    apiVersion: "v1",
-    kind: "List",
-    items: [
-      { apiVersion: "storage.k8s.io/v1", kind: "VolumeAttributesClass", metadata: { name: "rwo-eager" }, driverName: "git.liken.sh", parameters: { "push.quiesce": "1s", "push.maxLatency": "5s" } },
-      { apiVersion: "v1", kind: "PersistentVolume", metadata: { name: "rwo-data" }, spec: {
-        capacity: { storage: "1Gi" }, accessModes: ["ReadWriteOnce"], persistentVolumeReclaimPolicy: "Retain",
-        csi: { driver: "git.liken.sh", volumeHandle: "rwo-data", volumeAttributes: { url: git.url("rwo.git"), ref: "main" }, nodeStageSecretRef: secretRef, nodePublishSecretRef: secretRef },
-      } },
-      { apiVersion: "v1", kind: "PersistentVolumeClaim", metadata: { name: "data", namespace: "rwo" }, spec: {
-        volumeName: "rwo-data", storageClassName: "", accessModes: ["ReadWriteOnce"], resources: { requests: { storage: "1Gi" } },
-      } },
-    ],
-  }));
+  await apply(
+    JSON.stringify({
+      apiVersion: "v1",
+      kind: "List",
+      items: [
+        { apiVersion: "storage.k8s.io/v1", kind: "VolumeAttributesClass", metadata: { name: "rwo-eager" }, driverName: "git.liken.sh", parameters: { "push.quiesce": "1s", "push.maxLatency": "5s" } },
+        {
+          apiVersion: "v1",
+          kind: "PersistentVolume",
+          metadata: { name: "rwo-data" },
+          spec: {
+            capacity: { storage: "1Gi" },
+            accessModes: ["ReadWriteOnce"],
+            persistentVolumeReclaimPolicy: "Retain",
+            csi: { driver: "git.liken.sh", volumeHandle: "rwo-data", volumeAttributes: { url: git.url("rwo.git"), ref: "main" }, nodeStageSecretRef: secretRef, nodePublishSecretRef: secretRef },
+          },
+        },
+        {
+          apiVersion: "v1",
+          kind: "PersistentVolumeClaim",
+          metadata: { name: "data", namespace: "rwo" },
+          spec: {
+            volumeName: "rwo-data",
+            storageClassName: "",
+            accessModes: ["ReadWriteOnce"],
+            resources: { requests: { storage: "1Gi" } },
+          },
+        },
+      ],
+    }),
+  );
   await waitFor("the claim Bound", async () => (await kubectl("get", "pvc", "data", "-n", "rwo", "-o", "jsonpath={.status.phase}")) === "Bound");
   await kubectl("patch", "pvc", "data", "-n", "rwo", "-p", JSON.stringify({ spec: { volumeAttributesClassName: "rwo-eager" } }));
   await apply(rwoPod("writer-1", "node1"));
@@ -272,16 +366,20 @@ test("ReadWriteOnce across two nodes: node 1 is lost, node 2 takes the volume af
   await kubectl("delete", "pod", "writer-1", "-n", "rwo", "--force", "--grace-period=0");
   await apply(rwoPod("writer-2", "node2"));
   await kubectl("wait", "--for=condition=Ready", "pod/writer-2", "-n", "rwo", "--timeout=180s");
-  const taken = await waitFor("node 2's writes pushed", async () => {
-    const text = await remoteFile("rwo.git", "writes.txt");
-    return nodeLines(text, "node2").length >= 2 && text;
-  }, 120_000);
+  const taken = await waitFor(
+    "node 2's writes pushed",
+    async () => {
+      const text = await remoteFile("rwo.git", "writes.txt");
+      return nodeLines(text, "node2").length >= 2 && text;
+    },
+    120_000,
+  );
   // Node 1's writes that reached the remote before the loss are kept under node 2's.
   assert.deepEqual(nodeLines(taken, "node1"), atLoss);
 
   // Node 1 comes back: its application writes on for a moment, its driver pushes at the stop; nothing of it lands.
   await node1.thaw();
-  await waitFor("node 1 Ready again", async () => (await kubectl("get", "node", "node1", "-o", "jsonpath={.status.conditions[?(@.type==\"Ready\")].status}")) === "True", 120_000);
+  await waitFor("node 1 Ready again", async () => (await kubectl("get", "node", "node1", "-o", 'jsonpath={.status.conditions[?(@.type=="Ready")].status}')) === "True", 120_000);
   const owner = await git.git("rwo.git", "log", "-1", "--format=%H", "refs/git-csi/owner/rwo-data");
   await new Promise((r) => setTimeout(r, 20_000));
   const final = await remoteFile("rwo.git", "writes.txt");
@@ -297,34 +395,83 @@ test("a non-root pod with fsGroup writes, and its files carry the fsGroup", { sk
   const keyFile = path.join(dir, "fsgroup-key");
   await fs.writeFile(keyFile, key.privateKey, { mode: 0o600 });
   await kubectl("create", "namespace", "fsgroup");
-  await kubectl("create", "secret", "generic", "fsgroup-key", "-n", "fsgroup", "--type=kubernetes.io/ssh-auth", `--from-file=ssh-privatekey=${keyFile}`, `--from-file=known_hosts=${path.join(dir, "known_hosts")}`);
+  await kubectl(
+    "create",
+    "secret",
+    "generic",
+    "fsgroup-key",
+    "-n",
+    "fsgroup",
+    "--type=kubernetes.io/ssh-auth",
+    `--from-file=ssh-privatekey=${keyFile}`,
+    `--from-file=known_hosts=${path.join(dir, "known_hosts")}`,
+  );
   const secretRef = { name: "fsgroup-key", namespace: "fsgroup" };
-  await apply(JSON.stringify({
-    apiVersion: "v1",
-    kind: "List",
-    items: [
-      { apiVersion: "storage.k8s.io/v1", kind: "VolumeAttributesClass", metadata: { name: "fsgroup-eager" }, driverName: "git.liken.sh", parameters: { "push.quiesce": "1s", "push.maxLatency": "5s" } },
-      { apiVersion: "v1", kind: "PersistentVolume", metadata: { name: "fsgroup-data" }, spec: {
-        capacity: { storage: "1Gi" }, accessModes: ["ReadWriteOncePod"], persistentVolumeReclaimPolicy: "Retain",
-        csi: { driver: "git.liken.sh", volumeHandle: "fsgroup-data", volumeAttributes: { url: git.url("fsgroup.git"), ref: "main" }, nodeStageSecretRef: secretRef, nodePublishSecretRef: secretRef },
-      } },
-      { apiVersion: "v1", kind: "PersistentVolumeClaim", metadata: { name: "data", namespace: "fsgroup" }, spec: {
-        volumeName: "fsgroup-data", storageClassName: "", accessModes: ["ReadWriteOncePod"], resources: { requests: { storage: "1Gi" } },
-      } },
-    ],
-  }));
+  await apply(
+    JSON.stringify({
+      apiVersion: "v1",
+      kind: "List",
+      items: [
+        {
+          apiVersion: "storage.k8s.io/v1",
+          kind: "VolumeAttributesClass",
+          metadata: { name: "fsgroup-eager" },
+          driverName: "git.liken.sh",
+          parameters: { "push.quiesce": "1s", "push.maxLatency": "5s" },
+        },
+        {
+          apiVersion: "v1",
+          kind: "PersistentVolume",
+          metadata: { name: "fsgroup-data" },
+          spec: {
+            capacity: { storage: "1Gi" },
+            accessModes: ["ReadWriteOncePod"],
+            persistentVolumeReclaimPolicy: "Retain",
+            csi: {
+              driver: "git.liken.sh",
+              volumeHandle: "fsgroup-data",
+              volumeAttributes: { url: git.url("fsgroup.git"), ref: "main" },
+              nodeStageSecretRef: secretRef,
+              nodePublishSecretRef: secretRef,
+            },
+          },
+        },
+        {
+          apiVersion: "v1",
+          kind: "PersistentVolumeClaim",
+          metadata: { name: "data", namespace: "fsgroup" },
+          spec: {
+            volumeName: "fsgroup-data",
+            storageClassName: "",
+            accessModes: ["ReadWriteOncePod"],
+            resources: { requests: { storage: "1Gi" } },
+          },
+        },
+      ],
+    }),
+  );
   await waitFor("the claim Bound", async () => (await kubectl("get", "pvc", "data", "-n", "fsgroup", "-o", "jsonpath={.status.phase}")) === "Bound");
   await kubectl("patch", "pvc", "data", "-n", "fsgroup", "-p", JSON.stringify({ spec: { volumeAttributesClassName: "fsgroup-eager" } }));
-  await apply(JSON.stringify({
-    apiVersion: "v1",
-    kind: "Pod",
-    metadata: { name: "app", namespace: "fsgroup" },
-    spec: {
-      securityContext: { runAsUser: 1000, runAsGroup: 1000, fsGroup: 2000, runAsNonRoot: true },
-      containers: [{ name: "app", image: SHELL_IMAGE, imagePullPolicy: "Never", command: ["node", "-e", 'require("fs").writeFileSync("/data/app.txt", "non-root\\n"); setInterval(() => {}, 1000)'], volumeMounts: [{ name: "data", mountPath: "/data" }] }],
-      volumes: [{ name: "data", persistentVolumeClaim: { claimName: "data" } }],
-    },
-  }));
+  await apply(
+    JSON.stringify({
+      apiVersion: "v1",
+      kind: "Pod",
+      metadata: { name: "app", namespace: "fsgroup" },
+      spec: {
+        securityContext: { runAsUser: 1000, runAsGroup: 1000, fsGroup: 2000, runAsNonRoot: true },
+        containers: [
+          {
+            name: "app",
+            image: SHELL_IMAGE,
+            imagePullPolicy: "Never",
+            command: ["node", "-e", 'require("fs").writeFileSync("/data/app.txt", "non-root\\n"); setInterval(() => {}, 1000)'],
+            volumeMounts: [{ name: "data", mountPath: "/data" }],
+          },
+        ],
+        volumes: [{ name: "data", persistentVolumeClaim: { claimName: "data" } }],
+      },
+    }),
+  );
   await kubectl("wait", "--for=condition=Ready", "pod/app", "-n", "fsgroup", "--timeout=180s");
   assert.equal((await kubectl("exec", "-n", "fsgroup", "app", "--", "stat", "-c", "%u %g", "/data/app.txt")).trim(), "1000 2000");
   assert.equal(await waitFor("app.txt pushed", () => remoteFile("fsgroup.git", "app.txt"), 60_000), "non-root");

@@ -47,7 +47,11 @@ describe("the credential", () => {
       keys[name] = (await ssh.addDeployKey(name)).privateKey;
       // A key's body lines: what a leak would contain.
       // The body lines of the key, less the first: openssh-key-v1's header, the same in every ed25519 key.
-      material.push(...keys[name]!.split("\n").filter((l) => l.length > 40 && !l.startsWith("-----")).slice(1));
+      material.push(
+        ...keys[name]!.split("\n")
+          .filter((l) => l.length > 40 && !l.startsWith("-----"))
+          .slice(1),
+      );
     }
     material.push(http.token);
     // A short lease: one test waits for a lease that a restarted worker could not release to run out.
@@ -81,7 +85,10 @@ describe("the credential", () => {
     await ssh.createRepo(repo);
     const created = await createVolume(driver, `cred-${n}`, ssh.url(repo));
     const otherKey = ssh.hostKeyLine.replace(/ssh-ed25519 \S+/, "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIKnGqdJ4nsY7Pq3V1dP1PXuN3R2F9b7yWm6S4JhG5B1c");
-    await assert.rejects(stageAndPublish(driver, created, undefined, `cred-${n}`, { stage: { "ssh-privatekey": keys.first!, known_hosts: otherKey } }), /Host key verification failed|REMOTE HOST IDENTIFICATION HAS CHANGED/);
+    await assert.rejects(
+      stageAndPublish(driver, created, undefined, `cred-${n}`, { stage: { "ssh-privatekey": keys.first!, known_hosts: otherKey } }),
+      /Host key verification failed|REMOTE HOST IDENTIFICATION HAS CHANGED/,
+    );
   });
 
   test("without known_hosts the first host key is trusted, with a Warning event", async () => {
@@ -115,7 +122,12 @@ describe("the credential", () => {
       return true;
     });
     // The kubelet retries the publish: refused again, never taken for a rotated Secret.
-    const staged = { volumeId: created.volumeId, context: created.volumeContext, stagingPath: path.join(driver.dir, "staging", created.volumeId), targetPath: path.join(driver.dir, "pods", `cred-${n}`, "volume") };
+    const staged = {
+      volumeId: created.volumeId,
+      context: created.volumeContext,
+      stagingPath: path.join(driver.dir, "staging", created.volumeId),
+      targetPath: path.join(driver.dir, "pods", `cred-${n}`, "volume"),
+    };
     await assert.rejects(publish(driver, staged, sshSecret("second")), /the publish Secret differs from the stage Secret/);
     const r = await report(driver, created.volumeId);
     assert.equal(r.recentEvents.filter((e) => e.reason === "GitVolumeRefused" && e.type === "Warning").length, 2);

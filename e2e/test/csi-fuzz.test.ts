@@ -103,10 +103,34 @@ const CLASS_OK = fc.record(
 const KNOWN_PARAMETERS = ["push.quiesce", "push.maxLatency", "commit.maxFileSize", "commit.author", "ignore"];
 /** One parameter that breaks its rule, or one the class does not take. */
 const CLASS_BAD_ENTRY: fc.Arbitrary<[string, string]> = fc.oneof(
-  fc.tuple(fc.constant("push.quiesce"), fc.oneof(fc.constantFrom("soon", "0s", "2h", "-1s", "1d", ""), fc.string().map((s) => `x${s}`))),
-  fc.tuple(fc.constant("push.maxLatency"), fc.oneof(fc.constantFrom("soon", "0s", "25h", "-1s"), fc.string().map((s) => `x${s}`))),
-  fc.tuple(fc.constant("commit.maxFileSize"), fc.oneof(fc.constantFrom("2Gi", "0", "1.5Mi", "-1"), fc.string().map((s) => `x${s}`))),
-  fc.tuple(fc.constant("commit.author"), fc.oneof(fc.constantFrom("nobody", "<a@b.example>", "A <b>"), fc.string().filter((s) => !s.includes("<")))),
+  fc.tuple(
+    fc.constant("push.quiesce"),
+    fc.oneof(
+      fc.constantFrom("soon", "0s", "2h", "-1s", "1d", ""),
+      fc.string().map((s) => `x${s}`),
+    ),
+  ),
+  fc.tuple(
+    fc.constant("push.maxLatency"),
+    fc.oneof(
+      fc.constantFrom("soon", "0s", "25h", "-1s"),
+      fc.string().map((s) => `x${s}`),
+    ),
+  ),
+  fc.tuple(
+    fc.constant("commit.maxFileSize"),
+    fc.oneof(
+      fc.constantFrom("2Gi", "0", "1.5Mi", "-1"),
+      fc.string().map((s) => `x${s}`),
+    ),
+  ),
+  fc.tuple(
+    fc.constant("commit.author"),
+    fc.oneof(
+      fc.constantFrom("nobody", "<a@b.example>", "A <b>"),
+      fc.string().filter((s) => !s.includes("<")),
+    ),
+  ),
   fc.tuple(fc.constant("ignore"), fc.constantFrom("a\nb", "*.log,\r")),
   fc.tuple(
     fc.string({ maxLength: 20 }).filter((k) => !KNOWN_PARAMETERS.includes(k) && k !== "__proto__"),
@@ -173,8 +197,16 @@ function nodeCapability(): fc.Arbitrary<NodeCapability> {
 function requests(u: Universe): fc.Arbitrary<Generated> {
   const staging = (id: Gen<string>) => path.join(u.dir, "staging", id.bad ? "malformed" : id.value);
   const stagingPath = (id: Gen<string>) => field(fc.constant(staging(id)), "staging_target_path", badPath(u.dir));
-  const targetPath = field(fc.constantFrom("p1", "p2", "p3").map((pod) => path.join(u.dir, "pods", pod, "volume")), "target_path", badPath(u.dir));
-  const name = field(fc.constantFrom("fuzz-a", "fuzz-b", "fuzz-c"), "name", VOLUME_ID.filter((g) => g.bad !== undefined).map((g) => g.value));
+  const targetPath = field(
+    fc.constantFrom("p1", "p2", "p3").map((pod) => path.join(u.dir, "pods", pod, "volume")),
+    "target_path",
+    badPath(u.dir),
+  );
+  const name = field(
+    fc.constantFrom("fuzz-a", "fuzz-b", "fuzz-c"),
+    "name",
+    VOLUME_ID.filter((g) => g.bad !== undefined).map((g) => g.value),
+  );
   const capabilities = fc.oneof(
     { weight: 4, arbitrary: fc.array(GOOD_CAPABILITY, { minLength: 1, maxLength: 2 }) },
     { weight: 1, arbitrary: fc.array(fc.oneof(GOOD_CAPABILITY, BAD_CAPABILITY), { maxLength: 2 }) },
@@ -193,7 +225,13 @@ function requests(u: Universe): fc.Arbitrary<Generated> {
   const storageClassExtra = field<Record<string, string>>(
     fc.constantFrom<Record<string, string>>({}, { "csi.storage.k8s.io/pvc/name": "data-app-0", "csi.storage.k8s.io/pvc/namespace": "default" }),
     "parameters",
-    fc.oneof(fc.constant<Record<string, string>>({ "push.quiesce": "5s" }), fc.string({ maxLength: 20 }).filter((k) => !["url", "ref", "__proto__"].includes(k) && !k.startsWith("csi.storage.k8s.io/")).map((k) => ({ [k]: "x" }))),
+    fc.oneof(
+      fc.constant<Record<string, string>>({ "push.quiesce": "5s" }),
+      fc
+        .string({ maxLength: 20 })
+        .filter((k) => !["url", "ref", "__proto__"].includes(k) && !k.startsWith("csi.storage.k8s.io/"))
+        .map((k) => ({ [k]: "x" })),
+    ),
   );
   const capacity = field<csi.CapacityRange | undefined>(
     fc.constantFrom(undefined, { requiredBytes: 1 << 20, limitBytes: 0 }, { requiredBytes: 0, limitBytes: 1 << 30 }),
@@ -203,23 +241,21 @@ function requests(u: Universe): fc.Arbitrary<Generated> {
   const contentSource = field<csi.VolumeContentSource | undefined>(fc.constant(undefined), "volume_content_source", fc.constant({ snapshot: { snapshotId: "snap-1" } }));
   const ref = (prefix: string) => REF.map((g) => (g.bad ? { ...g, bad: `${prefix}.ref` } : g));
 
-  const create = fc
-    .record({ name, capabilities, url: urlField(u, "parameters.url"), ref: ref("parameters"), extra: storageClassExtra, parameters: CLASS, capacity, contentSource })
-    .map((f) =>
-      generated(
-        "create",
-        { name: f.name, url: f.url, ref: f.ref, extra: f.extra, parameters: f.parameters, capacity: f.capacity, contentSource: f.contentSource },
-        {
-          name: f.name.value,
-          volumeCapabilities: f.capabilities,
-          parameters: { url: f.url.value, ref: f.ref.value, ...f.extra.value },
-          mutableParameters: f.parameters.value,
-          capacityRange: f.capacity.value,
-          volumeContentSource: f.contentSource.value,
-        },
-        [capabilitiesBad(f.capabilities)],
-      ),
-    );
+  const create = fc.record({ name, capabilities, url: urlField(u, "parameters.url"), ref: ref("parameters"), extra: storageClassExtra, parameters: CLASS, capacity, contentSource }).map((f) =>
+    generated(
+      "create",
+      { name: f.name, url: f.url, ref: f.ref, extra: f.extra, parameters: f.parameters, capacity: f.capacity, contentSource: f.contentSource },
+      {
+        name: f.name.value,
+        volumeCapabilities: f.capabilities,
+        parameters: { url: f.url.value, ref: f.ref.value, ...f.extra.value },
+        mutableParameters: f.parameters.value,
+        capacityRange: f.capacity.value,
+        volumeContentSource: f.contentSource.value,
+      },
+      [capabilitiesBad(f.capabilities)],
+    ),
+  );
   const del = VOLUME_ID.map((id) => generated("delete", { id }, { volumeId: id.value }));
   const modify = fc.record({ id: VOLUME_ID, parameters: CLASS }).map((f) => generated("modify", f, { volumeId: f.id.value, mutableParameters: f.parameters.value }));
   const validate = fc
@@ -231,12 +267,22 @@ function requests(u: Universe): fc.Arbitrary<Generated> {
     generated(
       "stage",
       { id: f.id, staging: f.staging, capability: f.mode.capability, url: f.url, ref: f.ref, secrets: f.secrets },
-      { volumeId: f.id.value, stagingTargetPath: f.staging.value, volumeCapability: f.mode.capability.value, volumeContext: { ...f.mode.context, url: f.url.value, ref: f.ref.value }, secrets: f.secrets.value },
+      {
+        volumeId: f.id.value,
+        stagingTargetPath: f.staging.value,
+        volumeCapability: f.mode.capability.value,
+        volumeContext: { ...f.mode.context, url: f.url.value, ref: f.ref.value },
+        secrets: f.secrets.value,
+      },
       [f.mode.bad],
     ),
   );
-  const unstage = VOLUME_ID.chain((id) => fc.record({ id: fc.constant(id), staging: stagingPath(id) })).map((f) => generated("unstage", f, { volumeId: f.id.value, stagingTargetPath: f.staging.value }));
-  const publish = VOLUME_ID.chain((id) => fc.record({ id: fc.constant(id), staging: stagingPath(id), target: targetPath, mode: nodeCapability(), pod: podContext, secrets: SECRETS, readonly: fc.boolean() })).map((f) =>
+  const unstage = VOLUME_ID.chain((id) => fc.record({ id: fc.constant(id), staging: stagingPath(id) })).map((f) =>
+    generated("unstage", f, { volumeId: f.id.value, stagingTargetPath: f.staging.value }),
+  );
+  const publish = VOLUME_ID.chain((id) =>
+    fc.record({ id: fc.constant(id), staging: stagingPath(id), target: targetPath, mode: nodeCapability(), pod: podContext, secrets: SECRETS, readonly: fc.boolean() }),
+  ).map((f) =>
     generated(
       "publish",
       { id: f.id, staging: f.staging, target: f.target, capability: f.mode.capability, pod: f.pod, secrets: f.secrets },
@@ -265,7 +311,12 @@ async function files(dir: string, mounts: Set<string>, skip: Set<string>, out: R
     if (skip.has(p)) continue;
     if (mounts.has(p)) out[p] = "mount point";
     else if (entry.isDirectory()) await files(p, mounts, skip, Object.assign(out, { [p]: "directory" }));
-    else out[p] = entry.isFile() ? createHash("sha256").update(await fs.readFile(p)).digest("hex") : "other";
+    else
+      out[p] = entry.isFile()
+        ? createHash("sha256")
+            .update(await fs.readFile(p))
+            .digest("hex")
+        : "other";
   }
   return out;
 }
@@ -358,7 +409,10 @@ test("generated CSI requests: each answer is a success or a status naming the fi
   t.diagnostic(`answers: ${JSON.stringify(Object.fromEntries([...answers].sort()))}`);
   // The property ran against every call, and against volumes that were staged and published.
   for (const rpc of ["create", "delete", "modify", "validate", "stage", "unstage", "publish", "unpublish"]) {
-    assert.ok([...answers.keys()].some((k) => k.startsWith(`${rpc} malformed`)), `no malformed ${rpc} was generated`);
+    assert.ok(
+      [...answers.keys()].some((k) => k.startsWith(`${rpc} malformed`)),
+      `no malformed ${rpc} was generated`,
+    );
   }
   assert.ok((answers.get("stage well-formed OK") ?? 0) > 0 && (answers.get("publish well-formed OK") ?? 0) > 0, "no volume was staged and published");
 });

@@ -63,9 +63,18 @@ test("each service logs its start-up and its SIGTERM shutdown as JSON lines", as
     .filter((l) => l.startsWith("{"))
     .map((l) => JSON.parse(l) as Record<string, string>);
   for (const service of Object.keys(BINS)) {
-    assert.ok(lines.some((l) => l.service === service && l.operation === "startup" && l.message === "started"), `${service} started`);
-    assert.ok(lines.some((l) => l.service === service && l.operation === "shutdown" && l.signal === "SIGTERM"), `${service} shutting down`);
-    assert.ok(lines.some((l) => l.service === service && l.operation === "shutdown" && l.message === "stopped"), `${service} stopped`);
+    assert.ok(
+      lines.some((l) => l.service === service && l.operation === "startup" && l.message === "started"),
+      `${service} started`,
+    );
+    assert.ok(
+      lines.some((l) => l.service === service && l.operation === "shutdown" && l.signal === "SIGTERM"),
+      `${service} shutting down`,
+    );
+    assert.ok(
+      lines.some((l) => l.service === service && l.operation === "shutdown" && l.message === "stopped"),
+      `${service} stopped`,
+    );
   }
 });
 

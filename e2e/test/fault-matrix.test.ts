@@ -191,10 +191,14 @@ async function killTree(pid: number): Promise<void> {
 /** Waits until the volume is well again; a time-out says what its report still holds. */
 async function settled(driver: Driver, volumeId: string, what: string): Promise<void> {
   let last: unknown;
-  await waitFor(what, async () => {
-    last = await report(driver, volumeId);
-    return (last as { abnormal: string[] }).abnormal.length === 0;
-  }, T).catch((err: Error) => {
+  await waitFor(
+    what,
+    async () => {
+      last = await report(driver, volumeId);
+      return (last as { abnormal: string[] }).abnormal.length === 0;
+    },
+    T,
+  ).catch((err: Error) => {
     const logs = volumeLogs(driver, volumeId).split("\n").slice(-80).join("\n");
     throw new Error(`${err.message}; the volume's report: ${JSON.stringify(last, null, 2)}\nits last log lines:\n${logs}`);
   });
@@ -204,7 +208,13 @@ async function settled(driver: Driver, volumeId: string, what: string): Promise<
 async function restarted(driver: Driver, service: Service, killed: number): Promise<void> {
   await waitFor(`${service} restarted`, async () => {
     const pid = await driver.pid(service);
-    return pid !== killed && (await fs.stat(`/proc/${pid}`).then(() => true, () => false));
+    return (
+      pid !== killed &&
+      (await fs.stat(`/proc/${pid}`).then(
+        () => true,
+        () => false,
+      ))
+    );
   });
 }
 
@@ -215,20 +225,28 @@ function logFileOf(volumeId: string): string {
 
 /** Unpublish and unstage, tried again after a failure or a deadline, as the kubelet does. */
 async function unstageAsTheKubelet(driver: Driver, volume: PublishedVolume): Promise<void> {
-  await waitFor("the unpublish and unstage", async () => {
-    await unpublishAndUnstage(driver, volume);
-    return true;
-  }, 5 * 60_000);
+  await waitFor(
+    "the unpublish and unstage",
+    async () => {
+      await unpublishAndUnstage(driver, volume);
+      return true;
+    },
+    5 * 60_000,
+  );
 }
 
 /** What the kubelet does for a pod whose mount died with its mount owner: unpublish, unstage, stage, publish. */
 async function recoverMount(driver: Driver, volume: PublishedVolume): Promise<void> {
   await unstageAsTheKubelet(driver, volume);
   const created = { volumeId: volume.volumeId, volumeContext: volume.context, capacityBytes: 0, contentSource: undefined, accessibleTopology: [] };
-  await waitFor("the stage after a mount-owner restart", async () => {
-    await stageAndPublish(driver, created, undefined, path.basename(path.dirname(volume.targetPath)));
-    return true;
-  }, T);
+  await waitFor(
+    "the stage after a mount-owner restart",
+    async () => {
+      await stageAndPublish(driver, created, undefined, path.basename(path.dirname(volume.targetPath)));
+      return true;
+    },
+    T,
+  );
 }
 
 describe("the fault matrix", () => {
@@ -283,7 +301,9 @@ describe("the fault matrix", () => {
     }
     for (const file of upstream) assert.ok(await server.git(repo, "cat-file", "-e", `main:${file}`).then(() => true), `upstream's ${file} kept`);
     const { acked, lost } = await assertNothingLost(server, repo, driver, volume, app);
-    console.log(`fault matrix summary: seed=${seed} kills csi-frontend=${kills["csi-frontend"]} mount-owner=${kills["mount-owner"]} git-worker=${kills["git-worker"]} acknowledged writes=${acked} lost=${lost}`);
+    console.log(
+      `fault matrix summary: seed=${seed} kills csi-frontend=${kills["csi-frontend"]} mount-owner=${kills["mount-owner"]} git-worker=${kills["git-worker"]} acknowledged writes=${acked} lost=${lost}`,
+    );
   });
 
   test("the remote away for minutes: writes land in commits, the volume reports it, and everything is pushed once it is back", { timeout: 10 * 60_000 }, async () => {
@@ -294,7 +314,10 @@ describe("the fault matrix", () => {
     const unpushedBefore = (await report(driver, volume.volumeId)).unpushedCommits;
     await sleep(REMOTE_AWAY_MS);
     const away = await report(driver, volume.volumeId);
-    assert.ok(away.abnormal.some((a) => a.startsWith("the last push failed")), away.abnormal.join("\n"));
+    assert.ok(
+      away.abnormal.some((a) => a.startsWith("the last push failed")),
+      away.abnormal.join("\n"),
+    );
     assert.ok(reasons(away).includes("GitVolumePushFailed"));
     assert.ok(away.unpushedCommits > unpushedBefore, `writes keep landing in commits while the remote is away (${away.unpushedCommits} unpushed)`);
     await server.up();
@@ -332,10 +355,14 @@ describe("the fault matrix", () => {
     const { server, driver, repo, volume, app } = await setUp("hook");
     await sleep(2000);
     const allow = await refusePushes(server, repo);
-    const refused = await waitFor("a rejected push", async () => {
-      const r = await report(driver, volume.volumeId);
-      return r.abnormal.some((a) => a.startsWith("the last push failed")) && r;
-    }, T);
+    const refused = await waitFor(
+      "a rejected push",
+      async () => {
+        const r = await report(driver, volume.volumeId);
+        return r.abnormal.some((a) => a.startsWith("the last push failed")) && r;
+      },
+      T,
+    );
     assert.ok(reasons(refused).includes("GitVolumePushFailed"));
     await sleep(10_000);
     await allow();

@@ -50,16 +50,30 @@ describe("fsGroup: volume_mount_group on the backing tree, a uid-1000 applicatio
     assert.equal((await fs.lstat(path.join(tree, "sub"))).mode & 0o2070, 0o2070);
 
     const t = volume.targetPath;
-    await sh(`${APP} 'umask 022 && mkdir "$T/data" && echo one > "$T/data/new.txt" && echo two >> "$T/data/new.txt" && chmod 0640 "$T/data/new.txt" && mv "$T/data/new.txt" "$T/data/kept.txt" && echo b: 2 >> "$T/config.yaml"'`, { T: t });
+    await sh(
+      `${APP} 'umask 022 && mkdir "$T/data" && echo one > "$T/data/new.txt" && echo two >> "$T/data/new.txt" && chmod 0640 "$T/data/new.txt" && mv "$T/data/new.txt" "$T/data/kept.txt" && echo b: 2 >> "$T/config.yaml"'`,
+      { T: t },
+    );
     assert.equal(await sh(`${APP} 'cat "$T/data/kept.txt"'`, { T: t }), "one\ntwo\n");
-    for (const [name, mode] of [["data", 0o2755], ["data/kept.txt", 0o640]] as const) {
+    for (const [name, mode] of [
+      ["data", 0o2755],
+      ["data/kept.txt", 0o640],
+    ] as const) {
       const stat = await fs.lstat(path.join(tree, name));
       assert.deepEqual([stat.uid, stat.gid, stat.mode & 0o7777], [1000, 1000, mode], name);
     }
     assert.equal(await sh(`stat -c '%u %g %a' '${t}/data/kept.txt'`), "1000 1000 640\n");
 
-    await waitFor("the application's files on the remote", async () => (await remoteFile("app.git", "data/kept.txt")) === "one\ntwo" && (await remoteFile("app.git", "config.yaml")) === "a: 1\nb: 2").catch((err) => { console.error(driver.logs().split("\n").slice(-40).join("\n")); throw err; });
-    await waitFor("their owner in the metadata ref", async () => (await server.git("app.git", "log", "-1", "-p", "refs/git-csi/metadata").catch(() => "")).includes('"name":"kept.txt","type":"file","mode":416,"uid":1000,"gid":1000'));
+    await waitFor(
+      "the application's files on the remote",
+      async () => (await remoteFile("app.git", "data/kept.txt")) === "one\ntwo" && (await remoteFile("app.git", "config.yaml")) === "a: 1\nb: 2",
+    ).catch((err) => {
+      console.error(driver.logs().split("\n").slice(-40).join("\n"));
+      throw err;
+    });
+    await waitFor("their owner in the metadata ref", async () =>
+      (await server.git("app.git", "log", "-1", "-p", "refs/git-csi/metadata").catch(() => "")).includes('"name":"kept.txt","type":"file","mode":416,"uid":1000,"gid":1000'),
+    );
     await unpublishAndUnstage(driver, volume);
 
     const restored = await stageAndPublish(driver, await createVolume(driver, "app-restored", server.url("app.git")), undefined, "app-restored", {}, "1000");
@@ -96,7 +110,12 @@ describe("fsGroup: volume_mount_group on the backing tree, a uid-1000 applicatio
   test("a volume_mount_group that is not a group id is refused, naming the field", async () => {
     const stagingTargetPath = path.join(driver.dir, "staging", "bad-group");
     await fs.mkdir(stagingTargetPath, { recursive: true });
-    const request = csi.NodeStageVolumeRequest.fromPartial({ volumeId: "bad-group", stagingTargetPath, volumeCapability: mountCapability(SINGLE_NODE_WRITER, "wheel"), volumeContext: { url: server.url("shared.git"), ref: "main" } });
+    const request = csi.NodeStageVolumeRequest.fromPartial({
+      volumeId: "bad-group",
+      stagingTargetPath,
+      volumeCapability: mountCapability(SINGLE_NODE_WRITER, "wheel"),
+      volumeContext: { url: server.url("shared.git"), ref: "main" },
+    });
     await assert.rejects(call(driver.node.nodeStageVolume.bind(driver.node), request, T), (err: unknown) => {
       assert.ok(err instanceof CsiError && err.code === status.INVALID_ARGUMENT, String(err));
       assert.match(err.message, /volume_capability\.mount\.volume_mount_group "wheel" must be a decimal group id/);

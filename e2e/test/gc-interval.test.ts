@@ -17,7 +17,15 @@ test("the git worker collects its store on its interval: a bare repository no tr
   let logs = "";
   worker.stderr.on("data", (c: Buffer) => (logs += c.toString()));
   try {
-    await waitFor("the orphaned repository removed", async () => !(await fs.stat(orphan).then(() => true, () => false)), 15_000);
+    await waitFor(
+      "the orphaned repository removed",
+      async () =>
+        !(await fs.stat(orphan).then(
+          () => true,
+          () => false,
+        )),
+      15_000,
+    );
     assert.match(logs, /removed the bare repository [^"]*0123456789abcdef\.git: no work tree follows it/);
   } finally {
     worker.kill("SIGTERM");

@@ -45,11 +45,7 @@ test("clone, push, and server-side commits against a real git daemon", async () 
   assert.equal(moved, local);
   assert.notEqual(moved, initial);
   assert.equal(await srv.git("demo.git", "show", "main:hello.txt"), "hello again");
-  assert.deepEqual((await srv.git("demo.git", "ls-tree", "-r", "--name-only", "main")).split("\n"), [
-    "dir/nested.txt",
-    "hello.txt",
-    "new.txt",
-  ]);
+  assert.deepEqual((await srv.git("demo.git", "ls-tree", "-r", "--name-only", "main")).split("\n"), ["dir/nested.txt", "hello.txt", "new.txt"]);
 
   // server-side commit (upstream change) is visible to a fetch
   const upstream = await srv.commitFiles("demo.git", { "up.txt": "up\n" }, { remove: ["new.txt"] });

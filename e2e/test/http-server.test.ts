@@ -30,21 +30,14 @@ const withAuth = (header: string, ...args: string[]) => ["-c", `http.extraHeader
 const basic = (user: string, password: string) => `Basic ${Buffer.from(`${user}:${password}`).toString("base64")}`;
 
 /** Raw HTTP request; resolves to the status code and WWW-Authenticate header. */
-function request(
-  method: string,
-  urlPath: string,
-  authorization?: string,
-  body?: string,
-): Promise<{ status: number; wwwAuthenticate: string | undefined }> {
+function request(method: string, urlPath: string, authorization?: string, body?: string): Promise<{ status: number; wwwAuthenticate: string | undefined }> {
   return new Promise((resolve, reject) => {
     const headers: Record<string, string> = { connection: "close" };
     if (authorization) headers.authorization = authorization;
     if (body !== undefined) headers["content-type"] = "application/x-git-receive-pack-request";
     const req = http.request({ host: "127.0.0.1", port: srv.port, method, path: urlPath, headers, agent: false }, (res) => {
       res.resume();
-      res.on("end", () =>
-        resolve({ status: res.statusCode ?? 0, wwwAuthenticate: res.headers["www-authenticate"] as string | undefined }),
-      );
+      res.on("end", () => resolve({ status: res.statusCode ?? 0, wwwAuthenticate: res.headers["www-authenticate"] as string | undefined }));
     });
     req.on("error", reject);
     req.end(body);

@@ -9,12 +9,17 @@ import { parseDockerfile, recipeOf } from "../src/images";
  */
 test("each Dockerfile's final stage is the recipe the test images are made from", () => {
   const frontend = recipeOf("csi-frontend");
-  assert.deepEqual([frontend.deploy, frontend.base, frontend.packages, frontend.user, frontend.entrypoint],
-    ["@git-csi/csi-frontend", "node:20-bookworm-slim", [], "node", ["node", "/app/dist/src/main.js"]]);
+  assert.deepEqual(
+    [frontend.deploy, frontend.base, frontend.packages, frontend.user, frontend.entrypoint],
+    ["@git-csi/csi-frontend", "node:20-bookworm-slim", [], "node", ["node", "/app/dist/src/main.js"]],
+  );
   const owner = recipeOf("mount-owner");
   assert.ok(owner.packages.includes("fuse3") && owner.user === "root", `mount-owner: ${JSON.stringify(owner)}`);
   const worker = recipeOf("git-worker");
-  assert.ok(["git", "openssh-client", "ca-certificates", "tini"].every((p) => worker.packages.includes(p)), `git-worker: ${JSON.stringify(worker)}`);
+  assert.ok(
+    ["git", "openssh-client", "ca-certificates", "tini"].every((p) => worker.packages.includes(p)),
+    `git-worker: ${JSON.stringify(worker)}`,
+  );
   assert.deepEqual(worker.entrypoint, ["/usr/bin/tini", "--", "node", "/app/dist/src/main.js"]);
   for (const r of [frontend, owner, worker]) assert.deepEqual([r.env, r.workdir], [{ NODE_ENV: "production" }, "/app"]);
 });
@@ -24,5 +29,8 @@ test("a Dockerfile line the image builder does not follow fails, naming the line
   assert.throws(() => parseDockerfile("x", dockerfile("VOLUME /data"), "x/Dockerfile"), /x\/Dockerfile: the image builder does not know the final stage's 'VOLUME \/data'/);
   assert.throws(() => parseDockerfile("x", dockerfile("COPY extra /extra"), "x/Dockerfile"), /COPY extra \/extra/);
   assert.throws(() => parseDockerfile("x", dockerfile("").replace("node:20-bookworm-slim", "alpine:3"), "x/Dockerfile"), /base alpine:3 is not one of node:20-bookworm-slim/);
-  assert.equal(parseDockerfile("x", dockerfile("RUN apt-get update && apt-get install -y --no-install-recommends git tini && rm -rf /var/lib/apt/lists/*"), "x/Dockerfile").packages.join(" "), "git tini");
+  assert.equal(
+    parseDockerfile("x", dockerfile("RUN apt-get update && apt-get install -y --no-install-recommends git tini && rm -rf /var/lib/apt/lists/*"), "x/Dockerfile").packages.join(" "),
+    "git tini",
+  );
 });

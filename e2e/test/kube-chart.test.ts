@@ -39,133 +39,146 @@ const SUITE = "the chart against a real kube-apiserver";
 const skipped = missing();
 // A skipped test, not a skipped suite: the runner's summary counts it.
 if (skipped) test(SUITE, { skip: skipped }, () => undefined);
-else describe(SUITE, () => {
-  let kube: Kube;
-  let dir: string;
-  let manifests: Manifest[];
-
-  before(async () => {
-    dir = await fs.mkdtemp(path.join(os.tmpdir(), "git-csi-kube-"));
-    kube = await startKube(dir);
-    const { stdout } = await run(HELM, ["template", "git-csi", path.join(ROOT, "charts", "git-csi"), "--namespace", NAMESPACE, "--kube-version", kubeVersions().kubernetes], { maxBuffer: 16 << 20 });
-    manifests = split(stdout);
-  });
-
-  after(async () => {
-    await kube?.stop();
-    if (dir) await fs.rm(dir, { recursive: true, force: true });
-  });
-
-  test("the API server serves VolumeAttributesClass as storage.k8s.io/v1", async () => {
-    const resources = JSON.parse(await kube.kubectl(["get", "--raw", "/apis/storage.k8s.io/v1"])) as { resources: { name: string }[] };
-    assert.ok(resources.resources.some((r) => r.name === "volumeattributesclasses"), JSON.stringify(resources.resources.map((r) => r.name)));
-  });
-
-  test("every manifest the chart renders is accepted by server-side dry-run", async () => {
-    await kube.kubectl(["create", "namespace", NAMESPACE]);
-    assert.ok(manifests.length >= 10, `helm rendered ${manifests.length} manifests`);
-    const out = await kube.kubectl(["apply", "--server-side", "--dry-run=server", "--field-manager=helm", "-f", "-"], manifests.map((m) => m.text).join("\n---\n"));
-    for (const m of manifests) {
-      assert.match(out, new RegExp(`\\b${m.name.replace(/[.]/g, "\\.")} serverside-applied \\(server dry run\\)`, "i"), `${m.kind} ${m.name} was not applied:\n${out}`);
-    }
-    // Dry-run stores nothing: the node DaemonSet is not there afterwards.
-    assert.equal((await kube.kubectl(["get", "daemonsets", "-n", NAMESPACE, "-o", "name"])).trim(), "");
-  });
-
-  describe("least-privilege RBAC", () => {
-    let nodeSA: string;
-    let controllerSA: string;
+else
+  describe(SUITE, () => {
+    let kube: Kube;
+    let dir: string;
+    let manifests: Manifest[];
 
     before(async () => {
-      await kube.kubectl(["get", "namespace", NAMESPACE]).catch(() => kube.kubectl(["create", "namespace", NAMESPACE]));
-      const rbac = manifests.filter((m) => RBAC_KINDS.has(m.kind));
-      await kube.kubectl(["apply", "--server-side", "--field-manager=helm", "-f", "-"], rbac.map((m) => m.text).join("\n---\n"));
-      const accounts = manifests.filter((m) => m.kind === "ServiceAccount").map((m) => m.name);
-      nodeSA = accounts.find((n) => n.endsWith("-node"))!;
-      controllerSA = accounts.find((n) => n.endsWith("-controller"))!;
-      assert.ok(nodeSA && controllerSA, `ServiceAccounts: ${accounts.join(", ")}`);
+      dir = await fs.mkdtemp(path.join(os.tmpdir(), "git-csi-kube-"));
+      kube = await startKube(dir);
+      const { stdout } = await run(HELM, ["template", "git-csi", path.join(ROOT, "charts", "git-csi"), "--namespace", NAMESPACE, "--kube-version", kubeVersions().kubernetes], { maxBuffer: 16 << 20 });
+      manifests = split(stdout);
     });
 
-    /** `kubectl auth can-i` as a ServiceAccount would ask, groups included; "--all-namespaces" or "-n ns" in where. */
-    async function can(sa: string, verb: string, resource: string, where: string[] = ["--all-namespaces"]): Promise<boolean> {
-      const args = ["auth", "can-i", verb, resource, ...where, `--as=system:serviceaccount:${NAMESPACE}:${sa}`, "--as-group=system:serviceaccounts", `--as-group=system:serviceaccounts:${NAMESPACE}`];
-      // can-i prints yes or no, and exits 1 for no.
-      const answer = await kube.kubectl(args).catch((err: Error) => (/\bno\b/.test(err.message) ? "no" : Promise.reject(err)));
-      return answer.trim() === "yes";
-    }
+    after(async () => {
+      await kube?.stop();
+      if (dir) await fs.rm(dir, { recursive: true, force: true });
+    });
 
-    async function expectRules(sa: string, allowed: [string, string, string[]?][], denied: [string, string, string[]?][]): Promise<void> {
-      const wrong: string[] = [];
-      for (const [verb, resource, where] of allowed) if (!(await can(sa, verb, resource, where))) wrong.push(`cannot ${verb} ${resource} ${where?.join(" ") ?? "cluster-wide"}`);
-      for (const [verb, resource, where] of denied) if (await can(sa, verb, resource, where)) wrong.push(`can ${verb} ${resource} ${where?.join(" ") ?? "cluster-wide"}`);
-      assert.deepEqual(wrong, [], `${sa}: ${wrong.join("; ")}`);
-    }
-
-    test("the node ServiceAccount reads volumes, claims and classes, posts events, and nothing else", async () => {
-      const read = ["get", "list", "watch"];
-      await expectRules(
-        nodeSA,
-        [
-          ...read.map((v): [string, string] => [v, "persistentvolumes"]),
-          ...read.map((v): [string, string] => [v, "persistentvolumeclaims"]),
-          ...read.map((v): [string, string] => [v, "volumeattributesclasses.storage.k8s.io"]),
-          ["create", "events"],
-          ["patch", "events"],
-          ["create", "events", ["-n", "an-application"]],
-          ["create", "events.events.k8s.io"],
-          ["patch", "events.events.k8s.io"],
-        ],
-        [
-          ["list", "secrets"],
-          ["get", "secrets", ["-n", NAMESPACE]],
-          ["delete", "pods"],
-          ["create", "pods"],
-          ["update", "persistentvolumes"],
-          ["patch", "persistentvolumes"],
-          ["delete", "persistentvolumeclaims"],
-          ["update", "persistentvolumeclaims"],
-          ["create", "volumeattributesclasses.storage.k8s.io"],
-          ["delete", "events"],
-          ["list", "events"],
-          ["get", "nodes"],
-          ["list", "configmaps"],
-          ["create", "serviceaccounts", ["--all-namespaces", "--subresource=token"]],
-          ["*", "*"],
-        ],
+    test("the API server serves VolumeAttributesClass as storage.k8s.io/v1", async () => {
+      const resources = JSON.parse(await kube.kubectl(["get", "--raw", "/apis/storage.k8s.io/v1"])) as { resources: { name: string }[] };
+      assert.ok(
+        resources.resources.some((r) => r.name === "volumeattributesclasses"),
+        JSON.stringify(resources.resources.map((r) => r.name)),
       );
     });
 
-    test("the controller ServiceAccount provisions and modifies volumes, and nothing else", async () => {
-      await expectRules(
-        controllerSA,
-        [
-          ["create", "persistentvolumes"],
-          ["delete", "persistentvolumes"],
-          ["patch", "persistentvolumes"],
-          ["watch", "persistentvolumeclaims"],
-          ["update", "persistentvolumeclaims"],
-          ["patch", "persistentvolumeclaims", ["--all-namespaces", "--subresource=status"]],
-          ["list", "storageclasses.storage.k8s.io"],
-          ["get", "volumeattributesclasses.storage.k8s.io"],
-          ["watch", "volumeattributesclasses.storage.k8s.io"],
-          ["create", "events"],
-          ["create", "leases.coordination.k8s.io", ["-n", NAMESPACE]],
-          ["update", "leases.coordination.k8s.io", ["-n", NAMESPACE]],
-        ],
-        [
-          ["list", "secrets"],
-          ["get", "secrets", ["-n", NAMESPACE]],
-          ["delete", "pods"],
-          ["create", "pods"],
-          ["delete", "persistentvolumeclaims"],
-          ["create", "volumeattributesclasses.storage.k8s.io"],
-          ["update", "volumeattributesclasses.storage.k8s.io"],
-          ["create", "leases.coordination.k8s.io", ["-n", "kube-system"]],
-          ["create", "storageclasses.storage.k8s.io"],
-          ["update", "nodes"],
-          ["*", "*"],
-        ],
-      );
+    test("every manifest the chart renders is accepted by server-side dry-run", async () => {
+      await kube.kubectl(["create", "namespace", NAMESPACE]);
+      assert.ok(manifests.length >= 10, `helm rendered ${manifests.length} manifests`);
+      const out = await kube.kubectl(["apply", "--server-side", "--dry-run=server", "--field-manager=helm", "-f", "-"], manifests.map((m) => m.text).join("\n---\n"));
+      for (const m of manifests) {
+        assert.match(out, new RegExp(`\\b${m.name.replace(/[.]/g, "\\.")} serverside-applied \\(server dry run\\)`, "i"), `${m.kind} ${m.name} was not applied:\n${out}`);
+      }
+      // Dry-run stores nothing: the node DaemonSet is not there afterwards.
+      assert.equal((await kube.kubectl(["get", "daemonsets", "-n", NAMESPACE, "-o", "name"])).trim(), "");
+    });
+
+    describe("least-privilege RBAC", () => {
+      let nodeSA: string;
+      let controllerSA: string;
+
+      before(async () => {
+        await kube.kubectl(["get", "namespace", NAMESPACE]).catch(() => kube.kubectl(["create", "namespace", NAMESPACE]));
+        const rbac = manifests.filter((m) => RBAC_KINDS.has(m.kind));
+        await kube.kubectl(["apply", "--server-side", "--field-manager=helm", "-f", "-"], rbac.map((m) => m.text).join("\n---\n"));
+        const accounts = manifests.filter((m) => m.kind === "ServiceAccount").map((m) => m.name);
+        nodeSA = accounts.find((n) => n.endsWith("-node"))!;
+        controllerSA = accounts.find((n) => n.endsWith("-controller"))!;
+        assert.ok(nodeSA && controllerSA, `ServiceAccounts: ${accounts.join(", ")}`);
+      });
+
+      /** `kubectl auth can-i` as a ServiceAccount would ask, groups included; "--all-namespaces" or "-n ns" in where. */
+      async function can(sa: string, verb: string, resource: string, where: string[] = ["--all-namespaces"]): Promise<boolean> {
+        const args = [
+          "auth",
+          "can-i",
+          verb,
+          resource,
+          ...where,
+          `--as=system:serviceaccount:${NAMESPACE}:${sa}`,
+          "--as-group=system:serviceaccounts",
+          `--as-group=system:serviceaccounts:${NAMESPACE}`,
+        ];
+        // can-i prints yes or no, and exits 1 for no.
+        const answer = await kube.kubectl(args).catch((err: Error) => (/\bno\b/.test(err.message) ? "no" : Promise.reject(err)));
+        return answer.trim() === "yes";
+      }
+
+      async function expectRules(sa: string, allowed: [string, string, string[]?][], denied: [string, string, string[]?][]): Promise<void> {
+        const wrong: string[] = [];
+        for (const [verb, resource, where] of allowed) if (!(await can(sa, verb, resource, where))) wrong.push(`cannot ${verb} ${resource} ${where?.join(" ") ?? "cluster-wide"}`);
+        for (const [verb, resource, where] of denied) if (await can(sa, verb, resource, where)) wrong.push(`can ${verb} ${resource} ${where?.join(" ") ?? "cluster-wide"}`);
+        assert.deepEqual(wrong, [], `${sa}: ${wrong.join("; ")}`);
+      }
+
+      test("the node ServiceAccount reads volumes, claims and classes, posts events, and nothing else", async () => {
+        const read = ["get", "list", "watch"];
+        await expectRules(
+          nodeSA,
+          [
+            ...read.map((v): [string, string] => [v, "persistentvolumes"]),
+            ...read.map((v): [string, string] => [v, "persistentvolumeclaims"]),
+            ...read.map((v): [string, string] => [v, "volumeattributesclasses.storage.k8s.io"]),
+            ["create", "events"],
+            ["patch", "events"],
+            ["create", "events", ["-n", "an-application"]],
+            ["create", "events.events.k8s.io"],
+            ["patch", "events.events.k8s.io"],
+          ],
+          [
+            ["list", "secrets"],
+            ["get", "secrets", ["-n", NAMESPACE]],
+            ["delete", "pods"],
+            ["create", "pods"],
+            ["update", "persistentvolumes"],
+            ["patch", "persistentvolumes"],
+            ["delete", "persistentvolumeclaims"],
+            ["update", "persistentvolumeclaims"],
+            ["create", "volumeattributesclasses.storage.k8s.io"],
+            ["delete", "events"],
+            ["list", "events"],
+            ["get", "nodes"],
+            ["list", "configmaps"],
+            ["create", "serviceaccounts", ["--all-namespaces", "--subresource=token"]],
+            ["*", "*"],
+          ],
+        );
+      });
+
+      test("the controller ServiceAccount provisions and modifies volumes, and nothing else", async () => {
+        await expectRules(
+          controllerSA,
+          [
+            ["create", "persistentvolumes"],
+            ["delete", "persistentvolumes"],
+            ["patch", "persistentvolumes"],
+            ["watch", "persistentvolumeclaims"],
+            ["update", "persistentvolumeclaims"],
+            ["patch", "persistentvolumeclaims", ["--all-namespaces", "--subresource=status"]],
+            ["list", "storageclasses.storage.k8s.io"],
+            ["get", "volumeattributesclasses.storage.k8s.io"],
+            ["watch", "volumeattributesclasses.storage.k8s.io"],
+            ["create", "events"],
+            ["create", "leases.coordination.k8s.io", ["-n", NAMESPACE]],
+            ["update", "leases.coordination.k8s.io", ["-n", NAMESPACE]],
+          ],
+          [
+            ["list", "secrets"],
+            ["get", "secrets", ["-n", NAMESPACE]],
+            ["delete", "pods"],
+            ["create", "pods"],
+            ["delete", "persistentvolumeclaims"],
+            ["create", "volumeattributesclasses.storage.k8s.io"],
+            ["update", "volumeattributesclasses.storage.k8s.io"],
+            ["create", "leases.coordination.k8s.io", ["-n", "kube-system"]],
+            ["create", "storageclasses.storage.k8s.io"],
+            ["update", "nodes"],
+            ["*", "*"],
+          ],
+        );
+      });
     });
   });
-});

@@ -26,23 +26,34 @@ test("EventRecorder posts, counts and rate-limits core/v1 Events on a real API s
   const kube = await kubeForTest(t, "kube-events");
   if (!kube) return;
   const ns = "apps";
-  await kube.kubectl(["apply", "-f", "-"], JSON.stringify({
-    apiVersion: "v1",
-    kind: "List",
-    items: [
-      { apiVersion: "v1", kind: "Namespace", metadata: { name: ns } },
-      // No controller creates it here, and admission wants it for a pod.
-      { apiVersion: "v1", kind: "ServiceAccount", metadata: { name: "default", namespace: ns } },
-    ],
-  }));
-  await kube.kubectl(["apply", "-f", "-"], JSON.stringify({
-    apiVersion: "v1",
-    kind: "List",
-    items: [
-      { apiVersion: "v1", kind: "PersistentVolumeClaim", metadata: { name: "config", namespace: ns }, spec: { accessModes: ["ReadWriteOncePod"], resources: { requests: { storage: "1Gi" } }, storageClassName: "" } },
-      { apiVersion: "v1", kind: "Pod", metadata: { name: "homeassistant", namespace: ns }, spec: { containers: [{ name: "app", image: "busybox" }] } },
-    ],
-  }));
+  await kube.kubectl(
+    ["apply", "-f", "-"],
+    JSON.stringify({
+      apiVersion: "v1",
+      kind: "List",
+      items: [
+        { apiVersion: "v1", kind: "Namespace", metadata: { name: ns } },
+        // No controller creates it here, and admission wants it for a pod.
+        { apiVersion: "v1", kind: "ServiceAccount", metadata: { name: "default", namespace: ns } },
+      ],
+    }),
+  );
+  await kube.kubectl(
+    ["apply", "-f", "-"],
+    JSON.stringify({
+      apiVersion: "v1",
+      kind: "List",
+      items: [
+        {
+          apiVersion: "v1",
+          kind: "PersistentVolumeClaim",
+          metadata: { name: "config", namespace: ns },
+          spec: { accessModes: ["ReadWriteOncePod"], resources: { requests: { storage: "1Gi" } }, storageClassName: "" },
+        },
+        { apiVersion: "v1", kind: "Pod", metadata: { name: "homeassistant", namespace: ns }, spec: { containers: [{ name: "app", image: "busybox" }] } },
+      ],
+    }),
+  );
   const uidOf = (kind: string, name: string) => kube.kubectl(["get", kind, name, "-n", ns, "-o", "jsonpath={.metadata.uid}"]);
   const pod: InvolvedObject = { kind: "Pod", namespace: ns, name: "homeassistant", uid: await uidOf("pod", "homeassistant") };
   const claim: InvolvedObject = { kind: "PersistentVolumeClaim", namespace: ns, name: "config", uid: await uidOf("pvc", "config") };
@@ -66,7 +77,12 @@ test("EventRecorder posts, counts and rate-limits core/v1 Events on a real API s
   const armedEvent = byReason(Reason.Armed);
   const failedEvent = byReason(Reason.PushFailed);
   assert.deepEqual(summary(armedEvent), { involvedObject: { kind: "Pod", namespace: ns, name: "homeassistant", uid: pod.uid }, type: "Normal", message: "armed with class config-eager", ...common });
-  assert.deepEqual(summary(failedEvent), { involvedObject: { kind: "PersistentVolumeClaim", namespace: ns, name: "config", uid: claim.uid }, type: "Warning", message: "push to main failed: permission denied", ...common });
+  assert.deepEqual(summary(failedEvent), {
+    involvedObject: { kind: "PersistentVolumeClaim", namespace: ns, name: "config", uid: claim.uid },
+    type: "Warning",
+    message: "push to main failed: permission denied",
+    ...common,
+  });
   assert.match(armedEvent.metadata.name, /^homeassistant\.[0-9a-f]+$/);
   assert.match(failedEvent.metadata.name, /^config\.[0-9a-f]+$/);
   // kubectl describe finds an object's events by its uid too.
@@ -85,7 +101,10 @@ test("EventRecorder posts, counts and rate-limits core/v1 Events on a real API s
   assert.equal(busy.dropped(), 30 - EVENT_BURST);
   // The drops are logged once for the dry spell, not once each.
   assert.equal(warnings.filter((w) => w.includes("events on this object are dropped")).length, 1);
-  assert.match(warnings.find((w) => w.includes("events on this object are dropped"))!, /"kind":"PersistentVolumeClaim".*"name":"config"/);
+  assert.match(
+    warnings.find((w) => w.includes("events on this object are dropped"))!,
+    /"kind":"PersistentVolumeClaim".*"name":"config"/,
+  );
   warnings.length = 0;
   // The bucket is per object: the pod still has its burst.
   busy.record(pod, "Normal", Reason.Pushed, "pushed 1 commit to main");
@@ -144,5 +163,13 @@ test("EventRecorder posts, counts and rate-limits core/v1 Events on a real API s
 
 function summary(e: Event) {
   const { kind, namespace, name, uid } = e.involvedObject;
-  return { involvedObject: { kind, namespace, name, uid }, type: e.type, message: e.message, count: e.count, source: e.source, reportingComponent: e.reportingComponent, reportingInstance: e.reportingInstance };
+  return {
+    involvedObject: { kind, namespace, name, uid },
+    type: e.type,
+    message: e.message,
+    count: e.count,
+    source: e.source,
+    reportingComponent: e.reportingComponent,
+    reportingInstance: e.reportingInstance,
+  };
 }

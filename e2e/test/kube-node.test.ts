@@ -75,7 +75,17 @@ test("the node services against a real API server: a claim's class arms the volu
   );
   // No controller-manager binds them: the test marks both Bound, as the binder would; only a bound claim takes a class change.
   await kube.kubectl(["patch", "pv", "homeassistant-config", "--subresource=status", "--type=merge", "-p", '{"status":{"phase":"Bound"}}']);
-  await kube.kubectl(["patch", "pvc", "config", "-n", "home", "--subresource=status", "--type=merge", "-p", '{"status":{"phase":"Bound","accessModes":["ReadWriteOncePod"],"capacity":{"storage":"1Gi"}}}']);
+  await kube.kubectl([
+    "patch",
+    "pvc",
+    "config",
+    "-n",
+    "home",
+    "--subresource=status",
+    "--type=merge",
+    "-p",
+    '{"status":{"phase":"Bound","accessModes":["ReadWriteOncePod"],"capacity":{"storage":"1Gi"}}}',
+  ]);
   const podUid = (await kube.kubectl(["get", "pod", "homeassistant", "-n", "home", "-o", "jsonpath={.metadata.uid}"])).trim();
   const claimUid = (await kube.kubectl(["get", "pvc", "config", "-n", "home", "-o", "jsonpath={.metadata.uid}"])).trim();
 
@@ -84,7 +94,14 @@ test("the node services against a real API server: a claim's class arms the volu
   // The kubelet's podInfoOnMount context names the pod.
   const volume = {
     volumeId: "homeassistant-config",
-    volumeContext: { url, ref: "main", "csi.storage.k8s.io/pod.name": "homeassistant", "csi.storage.k8s.io/pod.namespace": "home", "csi.storage.k8s.io/pod.uid": podUid, "csi.storage.k8s.io/ephemeral": "false" },
+    volumeContext: {
+      url,
+      ref: "main",
+      "csi.storage.k8s.io/pod.name": "homeassistant",
+      "csi.storage.k8s.io/pod.namespace": "home",
+      "csi.storage.k8s.io/pod.uid": podUid,
+      "csi.storage.k8s.io/ephemeral": "false",
+    },
     capacityBytes: 0,
     contentSource: undefined,
     accessibleTopology: [],
@@ -160,7 +177,10 @@ test("the node services against a real API server: a claim's class arms the volu
 
   // The controller knows a static PersistentVolume it holds no record of: ControllerModifyVolume succeeds.
   await call(driver.controller.controllerModifyVolume.bind(driver.controller), { volumeId: volume.volumeId, mutableParameters: LAZY, secrets: {} }, 30_000);
-  await assert.rejects(call(driver.controller.controllerModifyVolume.bind(driver.controller), { volumeId: "no-such-volume", mutableParameters: {}, secrets: {} }, 30_000), (err: { code: number }) => err.code === status.NOT_FOUND);
+  await assert.rejects(
+    call(driver.controller.controllerModifyVolume.bind(driver.controller), { volumeId: "no-such-volume", mutableParameters: {}, secrets: {} }, 30_000),
+    (err: { code: number }) => err.code === status.NOT_FOUND,
+  );
 
   // The pod goes; then the PersistentVolume, with reclaim policy Delete: the node's tree goes too.
   // The push the pod's stop makes is told on that pod too.
@@ -169,14 +189,27 @@ test("the node services against a real API server: a claim's class arms the volu
   assert.equal(await server.git("homeassistant.git", "show", "main:last.yaml"), "last: {}");
   await waitFor("GitVolumePushed on the pod for the push its stop made", async () => (await onPod("GitVolumePushed")) > pushedBeforeStop);
   const tree = path.join(driver.stateDir, "trees", volume.volumeId);
-  assert.ok(await fs.stat(tree).then(() => true, () => false), "Retain kept the tree");
+  assert.ok(
+    await fs.stat(tree).then(
+      () => true,
+      () => false,
+    ),
+    "Retain kept the tree",
+  );
   await kube.kubectl(["patch", "pv", "homeassistant-config", "-p", JSON.stringify({ spec: { persistentVolumeReclaimPolicy: "Delete" } })]);
   await kube.kubectl(["delete", "pvc", "config", "-n", "home", "--wait=false"]);
   await kube.kubectl(["delete", "pv", "homeassistant-config", "--wait=false"]);
   // No controller-manager removes the protection finalizers: the test does, as the controllers would once unused.
   await kube.kubectl(["patch", "pvc", "config", "-n", "home", "--type", "merge", "-p", '{"metadata":{"finalizers":null}}']).catch(() => undefined);
   await kube.kubectl(["patch", "pv", "homeassistant-config", "--type", "merge", "-p", '{"metadata":{"finalizers":null}}']).catch(() => undefined);
-  await waitFor("the deleted volume's tree to go", async () => !(await fs.stat(tree).then(() => true, () => false)));
+  await waitFor(
+    "the deleted volume's tree to go",
+    async () =>
+      !(await fs.stat(tree).then(
+        () => true,
+        () => false,
+      )),
+  );
   assert.equal(metricValue(await metricsText(driver), "git_csi_armed", "config"), undefined);
 
   // A PersistentVolume with reclaim policy Delete that goes while the node plugin is down: its tree goes when it starts again.
@@ -184,18 +217,36 @@ test("the node services against a real API server: a claim's class arms the volu
     apiVersion: "v1",
     kind: "PersistentVolume",
     metadata: { name: "backup-config" },
-    spec: { capacity: { storage: "1Gi" }, accessModes: ["ReadWriteOncePod"], persistentVolumeReclaimPolicy: "Delete", storageClassName: "", csi: { driver: "git.liken.sh", volumeHandle: "backup-config", volumeAttributes: { url, ref: "main" } } },
+    spec: {
+      capacity: { storage: "1Gi" },
+      accessModes: ["ReadWriteOncePod"],
+      persistentVolumeReclaimPolicy: "Delete",
+      storageClassName: "",
+      csi: { driver: "git.liken.sh", volumeHandle: "backup-config", volumeAttributes: { url, ref: "main" } },
+    },
   });
   const backup = await stageAndPublish(driver, { ...volume, volumeId: "backup-config", volumeContext: { url, ref: "main" } }, SINGLE_NODE_SINGLE_WRITER, "backup");
   await unpublishAndUnstage(driver, backup);
   const backupRecord = path.join(driver.stateDir, "volumes", "backup-config.json");
   await waitFor("the backup volume's reclaim policy recorded", async () => (await fs.readFile(backupRecord, "utf8").catch(() => "")).includes('"reclaimPolicy": "Delete"'));
   const backupTree = path.join(driver.stateDir, "trees", "backup-config");
-  assert.ok(await fs.stat(backupTree).then(() => true, () => false));
+  assert.ok(
+    await fs.stat(backupTree).then(
+      () => true,
+      () => false,
+    ),
+  );
   await started.pop()!.stop();
   await kube.kubectl(["delete", "pv", "backup-config", "--wait=false"]);
   await kube.kubectl(["patch", "pv", "backup-config", "--type", "merge", "-p", '{"metadata":{"finalizers":null}}']).catch(() => undefined);
   driver = await startDriver({ kubeconfig: kube.kubeconfig, dir: path.join(dir, "node") });
   started.push(driver);
-  await waitFor("the tree of the volume deleted while the node was down to go", async () => !(await fs.stat(backupTree).then(() => true, () => false)));
+  await waitFor(
+    "the tree of the volume deleted while the node was down to go",
+    async () =>
+      !(await fs.stat(backupTree).then(
+        () => true,
+        () => false,
+      )),
+  );
 });

@@ -80,8 +80,14 @@ test("ClassWatch follows PV → claim → VolumeAttributesClass on a real API se
     await change();
     expected.push(state);
     await waitFor(`onVolume to hear ${JSON.stringify(state)}`, async () => heard.length >= expected.length);
-    assert.deepEqual(heard.map(([handle]) => handle), expected.map(() => "homeassistant-config"));
-    assert.deepEqual(heard.map(([, s]) => s), expected);
+    assert.deepEqual(
+      heard.map(([handle]) => handle),
+      expected.map(() => "homeassistant-config"),
+    );
+    assert.deepEqual(
+      heard.map(([, s]) => s),
+      expected,
+    );
   };
 
   // A class change re-arms with the new class's parameters.

@@ -65,10 +65,14 @@ describe("no acknowledged write is lost", () => {
     });
     assert.equal(await server.git(repo, "cat-file", "-s", "main:big.bin"), "200000000");
     assert.equal(await server.git(repo, "ls-tree", "--name-only", "main", "t.tmp"), "", "the vanished temp file is not committed");
-    const settled = await waitFor("nothing pending", async () => {
-      const r = await report(driver, volume.volumeId);
-      return r.pendingPaths.length === 0 && r.unpushedCommits === 0 && r;
-    }, T);
+    const settled = await waitFor(
+      "nothing pending",
+      async () => {
+        const r = await report(driver, volume.volumeId);
+        return r.pendingPaths.length === 0 && r.unpushedCommits === 0 && r;
+      },
+      T,
+    );
     assert.deepEqual(settled.abnormal, []);
     assert.doesNotMatch(volumeLogs(driver, volume.volumeId), /sync failed/);
     await call(driver.node.nodeUnpublishVolume.bind(driver.node), { volumeId: volume.volumeId, targetPath: volume.targetPath }, T);
@@ -98,7 +102,10 @@ describe("no acknowledged write is lost", () => {
       });
       const r = await report(driver, volume.volumeId);
       assert.deepEqual(r.pendingPaths, ["kept.txt"], "the failed commit forgets no path");
-      assert.ok(r.abnormal.some((a) => a.startsWith("the last commit failed")), r.abnormal.join("\n"));
+      assert.ok(
+        r.abnormal.some((a) => a.startsWith("the last commit failed")),
+        r.abnormal.join("\n"),
+      );
       assert.ok(reasons(r).includes("GitVolumeCommitFailed"));
       assert.equal(metricValue(await metricsText(driver), "git_csi_volume_abnormal", volume.volumeId), 1);
       // The kubelet retries: still refused while the store is unwritable.

@@ -26,7 +26,9 @@ describe("many writers on one repository", () => {
     }
     // Each application writes under its own directory, as with subPath; the last write of a file wins.
     const writers = volumes.map(({ app, volume }) =>
-      sh(`mkdir -p '${volume.targetPath}/${app}' && for i in $(seq 1 ${WRITES}); do echo "write $i" > '${volume.targetPath}/${app}/f'$((i % 50)).txt; echo "write $i" >> '${volume.targetPath}/${app}/log.txt'; sleep 0.05; done`),
+      sh(
+        `mkdir -p '${volume.targetPath}/${app}' && for i in $(seq 1 ${WRITES}); do echo "write $i" > '${volume.targetPath}/${app}/f'$((i % 50)).txt; echo "write $i" >> '${volume.targetPath}/${app}/log.txt'; sleep 0.05; done`,
+      ),
     );
     const person = (async () => {
       for (let i = 0; i < UPSTREAM_COMMITS; i++) {
@@ -48,15 +50,29 @@ describe("many writers on one repository", () => {
     for (const { volume } of volumes) await unpublishAndUnstage(driver, volume);
 
     if (process.env.GIT_CSI_DEBUG) {
-      const lines = driver.logs().split("\n").filter((l) => /"volume":"(homeassistant|nodered)"/.test(l) && /Pushed|Rebased|committed|failed|rejected|Diverged/.test(l));
-      console.error(lines.map((l) => { const j = JSON.parse(l) as Record<string, string>; return `${j.timestamp} ${j.volume} ${j.message} ${String(j.detail ?? "").slice(0, 250)}`; }).join("\n"));
+      const lines = driver
+        .logs()
+        .split("\n")
+        .filter((l) => /"volume":"(homeassistant|nodered)"/.test(l) && /Pushed|Rebased|committed|failed|rejected|Diverged/.test(l));
+      console.error(
+        lines
+          .map((l) => {
+            const j = JSON.parse(l) as Record<string, string>;
+            return `${j.timestamp} ${j.volume} ${j.message} ${String(j.detail ?? "").slice(0, 250)}`;
+          })
+          .join("\n"),
+      );
       console.error(await server.git("shared.git", "log", "--format=%h %p %s", "main"));
     }
     const files = new Set((await server.git("shared.git", "ls-tree", "-r", "--name-only", "main")).split("\n"));
     for (let i = 0; i < UPSTREAM_COMMITS; i++) assert.ok(files.has(`upstream/${i}.txt`), `upstream/${i}.txt`);
     for (const { app } of volumes) {
       const log = await server.git("shared.git", "show", `main:${app}/log.txt`);
-      assert.deepEqual(log.split("\n"), Array.from({ length: WRITES }, (_, i) => `write ${i + 1}`), `${app}/log.txt holds every write in order`);
+      assert.deepEqual(
+        log.split("\n"),
+        Array.from({ length: WRITES }, (_, i) => `write ${i + 1}`),
+        `${app}/log.txt holds every write in order`,
+      );
       for (let i = 0; i < 50; i++) {
         const last = Math.max(...Array.from({ length: WRITES }, (_, k) => k + 1).filter((k) => k % 50 === i));
         assert.equal(await server.git("shared.git", "show", `main:${app}/f${i}.txt`), `write ${last}`);

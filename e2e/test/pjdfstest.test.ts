@@ -83,12 +83,20 @@ describe("pjdfstest at the root of a staged volume's mount", () => {
     for (const [file, entry] of Object.entries(expected)) assert.ok(entry.reason.trim() !== "" && entry.subtests.length > 0, `${file}: an entry needs subtests and a reason`);
 
     const started = Date.now();
-    const { stdout } = await run("prove", ["-r", path.join(SUITE, "tests")], { cwd: volume.stagingPath, maxBuffer: 1 << 26, timeout: SUITE_TIMEOUT_MS }).catch((err: { stdout?: string }) => ({ stdout: err.stdout ?? "" }));
+    const { stdout } = await run("prove", ["-r", path.join(SUITE, "tests")], { cwd: volume.stagingPath, maxBuffer: 1 << 26, timeout: SUITE_TIMEOUT_MS }).catch((err: { stdout?: string }) => ({
+      stdout: err.stdout ?? "",
+    }));
     const summary = stdout.slice(stdout.indexOf("\nTest Summary Report") + 1 || stdout.lastIndexOf("\nFiles=") + 1);
     const failed = failures(summary);
     const total = [...failed.values()].reduce((n, s) => n + s.length, 0);
     console.log(`pjdfstest (${Math.round((Date.now() - started) / 1000)} s): ${total} failed subtests in ${failed.size} files\n${summary}`);
-    console.log(`expected failures (${EXPECTED}):\n${Object.entries(expected).map(([file, e]) => `  ${file} ${e.subtests.join(",")}: ${e.reason}`).join("\n") || "  none"}`);
+    console.log(
+      `expected failures (${EXPECTED}):\n${
+        Object.entries(expected)
+          .map(([file, e]) => `  ${file} ${e.subtests.join(",")}: ${e.reason}`)
+          .join("\n") || "  none"
+      }`,
+    );
     assert.match(stdout, /^Files=\d+, Tests=\d+/m, "prove ran to its summary");
 
     const unexpected = [...failed].flatMap(([file, subtests]) => subtests.filter((n) => !expected[file]?.subtests.includes(n)).map((n) => `${file} ${n}`));

@@ -8,20 +8,7 @@ import { existsSync } from "node:fs";
 import * as fs from "node:fs/promises";
 import * as path from "node:path";
 import { after, before, describe, test } from "node:test";
-import {
-  createVolume,
-  type Driver,
-  freePort,
-  metricsText,
-  modifyVolume,
-  type PublishedVolume,
-  report,
-  sh,
-  stageAndPublish,
-  startDriver,
-  unpublishAndUnstage,
-  waitFor,
-} from "../src/driver";
+import { createVolume, type Driver, freePort, metricsText, modifyVolume, type PublishedVolume, report, sh, stageAndPublish, startDriver, unpublishAndUnstage, waitFor } from "../src/driver";
 import { type GitServer, startGitDaemon } from "../src/git-server";
 import { until, type Watched, watched } from "../src/kube";
 
@@ -53,112 +40,120 @@ const missing = [PROMETHEUS, PROMTOOL].filter((f) => !existsSync(f));
 const SUITE = "the metrics listener with real Prometheus tools, and git-csi report";
 // A skipped test, not a skipped suite: the runner's summary counts it.
 if (missing.length) test(SUITE, { skip: `no ${missing.join(", ")}: Debian's prometheus package ('make apt')` }, () => undefined);
-else describe(SUITE, () => {
-  let server: GitServer;
-  let driver: Driver;
-  let volume: PublishedVolume;
-  let address: string;
+else
+  describe(SUITE, () => {
+    let server: GitServer;
+    let driver: Driver;
+    let volume: PublishedVolume;
+    let address: string;
 
-  before(async () => {
-    server = await startGitDaemon();
-    await server.createRepo("metrics.git", { files: { "configuration.yaml": "name: home\n" } });
-    const port = await freePort();
-    address = `127.0.0.1:${port}`;
-    driver = await startDriver({ metricsPort: port });
-    volume = await stageAndPublish(driver, await createVolume(driver, "vol-metrics", server.url("metrics.git")), undefined, "metrics-pod");
-  });
+    before(async () => {
+      server = await startGitDaemon();
+      await server.createRepo("metrics.git", { files: { "configuration.yaml": "name: home\n" } });
+      const port = await freePort();
+      address = `127.0.0.1:${port}`;
+      driver = await startDriver({ metricsPort: port });
+      volume = await stageAndPublish(driver, await createVolume(driver, "vol-metrics", server.url("metrics.git")), undefined, "metrics-pod");
+    });
 
-  after(async () => {
-    if (volume) await unpublishAndUnstage(driver, volume).catch(() => undefined);
-    await driver?.stop();
-    await server?.stop();
-  });
+    after(async () => {
+      if (volume) await unpublishAndUnstage(driver, volume).catch(() => undefined);
+      await driver?.stop();
+      await server?.stop();
+    });
 
-  test("git-csi report says what an unarmed volume would commit", async () => {
-    await sh(`echo one > '${volume.targetPath}/a.txt'`);
-    await waitFor("a.txt pending", async () => (await report(driver, volume.volumeId)).pendingPaths.includes("a.txt"));
-    const out = await gitCsi("report", volume.volumeId, "--metrics-address", address);
-    assert.equal(out.code, 0, out.stderr);
-    assert.match(out.stdout, new RegExp(`^volume ${volume.volumeId}$`, "m"));
-    assert.match(out.stdout, /^unarmed: commits nothing/m);
-    assert.match(out.stdout, /^would commit \(1\):\n {2}a\.txt$/m);
-  });
+    test("git-csi report says what an unarmed volume would commit", async () => {
+      await sh(`echo one > '${volume.targetPath}/a.txt'`);
+      await waitFor("a.txt pending", async () => (await report(driver, volume.volumeId)).pendingPaths.includes("a.txt"));
+      const out = await gitCsi("report", volume.volumeId, "--metrics-address", address);
+      assert.equal(out.code, 0, out.stderr);
+      assert.match(out.stdout, new RegExp(`^volume ${volume.volumeId}$`, "m"));
+      assert.match(out.stdout, /^unarmed: commits nothing/m);
+      assert.match(out.stdout, /^would commit \(1\):\n {2}a\.txt$/m);
+    });
 
-  test("git-csi report --json prints the listener's JSON; an armed volume says so", async () => {
-    await modifyVolume(driver, volume.volumeId, { "push.quiesce": "1s", "push.maxLatency": "1m" });
-    await waitFor("a.txt pushed", async () => (await server.git("metrics.git", "show", "main:a.txt").catch(() => undefined)) === "one");
-    await waitFor("the push in the report", async () => (await report(driver, volume.volumeId)).lastPushUnixMs > 0);
-    const json = await gitCsi("report", volume.volumeId, "--json", `--metrics-address=${address}`);
-    assert.equal(json.code, 0, json.stderr);
-    const parsed = JSON.parse(json.stdout) as Awaited<ReturnType<typeof report>>;
-    assert.equal(parsed.volumeId, volume.volumeId);
-    assert.equal(parsed.armed, true);
-    assert.deepEqual(parsed.pendingPaths, []);
-    const human = await gitCsi("report", "--metrics-address", address, volume.volumeId);
-    assert.equal(human.code, 0, human.stderr);
-    assert.match(human.stdout, /^armed by class .*: commits and pushes$/m);
-    assert.match(human.stdout, /^last push: \d{4}-\d\d-\d\dT.* \(\d+ s ago\)$/m);
-    assert.match(human.stdout, /^recent events:\n(?: {2}.*\n)*.*GitVolumePushed/m);
-  });
+    test("git-csi report --json prints the listener's JSON; an armed volume says so", async () => {
+      await modifyVolume(driver, volume.volumeId, { "push.quiesce": "1s", "push.maxLatency": "1m" });
+      await waitFor("a.txt pushed", async () => (await server.git("metrics.git", "show", "main:a.txt").catch(() => undefined)) === "one");
+      await waitFor("the push in the report", async () => (await report(driver, volume.volumeId)).lastPushUnixMs > 0);
+      const json = await gitCsi("report", volume.volumeId, "--json", `--metrics-address=${address}`);
+      assert.equal(json.code, 0, json.stderr);
+      const parsed = JSON.parse(json.stdout) as Awaited<ReturnType<typeof report>>;
+      assert.equal(parsed.volumeId, volume.volumeId);
+      assert.equal(parsed.armed, true);
+      assert.deepEqual(parsed.pendingPaths, []);
+      const human = await gitCsi("report", "--metrics-address", address, volume.volumeId);
+      assert.equal(human.code, 0, human.stderr);
+      assert.match(human.stdout, /^armed by class .*: commits and pushes$/m);
+      assert.match(human.stdout, /^last push: \d{4}-\d\d-\d\dT.* \(\d+ s ago\)$/m);
+      assert.match(human.stdout, /^recent events:\n(?: {2}.*\n)*.*GitVolumePushed/m);
+    });
 
-  test("git-csi report fails clearly for an unknown volume, a silent listener, and no volume", async () => {
-    const unknown = await gitCsi("report", "no-such-volume", "--metrics-address", address);
-    assert.equal(unknown.code, 1);
-    assert.match(unknown.stderr, /^git-csi report: volume no-such-volume is not staged on the node whose git worker listens at 127\.0\.0\.1:\d+/);
-    const silent = `127.0.0.1:${await freePort()}`;
-    const noAnswer = await gitCsi("report", volume.volumeId, "--metrics-address", silent);
-    assert.equal(noAnswer.code, 1);
-    assert.match(noAnswer.stderr, new RegExp(`^git-csi report: no answer from the metrics listener at ${silent} \\(ECONNREFUSED\\)`));
-    const none = await gitCsi("report");
-    assert.equal(none.code, 2);
-    assert.match(none.stderr, /name exactly one volume/);
-  });
+    test("git-csi report fails clearly for an unknown volume, a silent listener, and no volume", async () => {
+      const unknown = await gitCsi("report", "no-such-volume", "--metrics-address", address);
+      assert.equal(unknown.code, 1);
+      assert.match(unknown.stderr, /^git-csi report: volume no-such-volume is not staged on the node whose git worker listens at 127\.0\.0\.1:\d+/);
+      const silent = `127.0.0.1:${await freePort()}`;
+      const noAnswer = await gitCsi("report", volume.volumeId, "--metrics-address", silent);
+      assert.equal(noAnswer.code, 1);
+      assert.match(noAnswer.stderr, new RegExp(`^git-csi report: no answer from the metrics listener at ${silent} \\(ECONNREFUSED\\)`));
+      const none = await gitCsi("report");
+      assert.equal(none.code, 2);
+      assert.match(none.stderr, /name exactly one volume/);
+    });
 
-  test("promtool check metrics finds nothing to say about /metrics", async () => {
-    const text = await metricsText(driver);
-    assert.match(text, new RegExp(`^git_csi_armed\\{[^}]*claim="${volume.volumeId}"[^}]*\\} 1$`, "m"), text);
-    const lint = await exec(PROMTOOL, ["check", "metrics"], text);
-    assert.equal(`${lint.code} ${lint.stdout}${lint.stderr}`, "0 ", `promtool check metrics on:\n${text}`);
-  });
+    test("promtool check metrics finds nothing to say about /metrics", async () => {
+      const text = await metricsText(driver);
+      assert.match(text, new RegExp(`^git_csi_armed\\{[^}]*claim="${volume.volumeId}"[^}]*\\} 1$`, "m"), text);
+      const lint = await exec(PROMTOOL, ["check", "metrics"], text);
+      assert.equal(`${lint.code} ${lint.stdout}${lint.stderr}`, "0 ", `promtool check metrics on:\n${text}`);
+    });
 
-  test("a real Prometheus scrapes the listener and answers for the volume's claim", async () => {
-    const dir = path.join(driver.dir, "prometheus");
-    await fs.mkdir(dir, { recursive: true });
-    const config = path.join(dir, "prometheus.yml");
-    await fs.writeFile(config, [
-      "global: { scrape_interval: 1s, evaluation_interval: 1s }",
-      "scrape_configs:",
-      "  - job_name: git-csi",
-      "    honor_labels: true",
-      `    static_configs: [{ targets: ["${address}"] }]`,
-      "",
-    ].join("\n"));
-    const check = await exec(PROMTOOL, ["check", "config", config]);
-    assert.equal(check.code, 0, check.stdout + check.stderr);
-    const web = `127.0.0.1:${await freePort()}`;
-    const prometheus: Watched = await watched(PROMETHEUS, [
-      `--config.file=${config}`, `--storage.tsdb.path=${path.join(dir, "data")}`, `--web.listen-address=${web}`,
-      "--log.level=warn",
-    ], path.join(dir, "prometheus.log"));
-    try {
-      await until("Prometheus is ready", prometheus, async () => (await fetch(`http://${web}/-/ready`)).ok);
-      const query = async (promql: string): Promise<Sample[]> => {
-        const response = await fetch(`http://${web}/api/v1/query?query=${encodeURIComponent(promql)}`);
-        const body = (await response.json()) as { status: string; data: { result: Sample[] }; error?: string };
-        if (body.status !== "success") throw new Error(`${promql}: ${body.error}`);
-        return body.data.result;
-      };
-      const claim = `claim="${volume.volumeId}"`;
-      await until("Prometheus has git_csi_armed of the claim at 1", prometheus, async () => (await query(`git_csi_armed{${claim}}`)).some((s) => s.value[1] === "1"), 60_000);
-      const abnormal = await query(`git_csi_volume_abnormal{${claim}}`);
-      assert.equal(abnormal.length, 1, JSON.stringify(abnormal));
-      assert.equal(abnormal[0]!.metric.job, "git-csi");
-      const up = await query(`up{job="git-csi"}`);
-      assert.deepEqual(up.map((s) => s.value[1]), ["1"]);
-      const lastPush = await query(`time() - git_csi_last_push_timestamp_seconds{${claim}}`);
-      assert.ok(lastPush.length === 1 && Number(lastPush[0]!.value[1]) < 300, JSON.stringify(lastPush));
-    } finally {
-      await prometheus.stop();
-    }
+    test("a real Prometheus scrapes the listener and answers for the volume's claim", async () => {
+      const dir = path.join(driver.dir, "prometheus");
+      await fs.mkdir(dir, { recursive: true });
+      const config = path.join(dir, "prometheus.yml");
+      await fs.writeFile(
+        config,
+        [
+          "global: { scrape_interval: 1s, evaluation_interval: 1s }",
+          "scrape_configs:",
+          "  - job_name: git-csi",
+          "    honor_labels: true",
+          `    static_configs: [{ targets: ["${address}"] }]`,
+          "",
+        ].join("\n"),
+      );
+      const check = await exec(PROMTOOL, ["check", "config", config]);
+      assert.equal(check.code, 0, check.stdout + check.stderr);
+      const web = `127.0.0.1:${await freePort()}`;
+      const prometheus: Watched = await watched(
+        PROMETHEUS,
+        [`--config.file=${config}`, `--storage.tsdb.path=${path.join(dir, "data")}`, `--web.listen-address=${web}`, "--log.level=warn"],
+        path.join(dir, "prometheus.log"),
+      );
+      try {
+        await until("Prometheus is ready", prometheus, async () => (await fetch(`http://${web}/-/ready`)).ok);
+        const query = async (promql: string): Promise<Sample[]> => {
+          const response = await fetch(`http://${web}/api/v1/query?query=${encodeURIComponent(promql)}`);
+          const body = (await response.json()) as { status: string; data: { result: Sample[] }; error?: string };
+          if (body.status !== "success") throw new Error(`${promql}: ${body.error}`);
+          return body.data.result;
+        };
+        const claim = `claim="${volume.volumeId}"`;
+        await until("Prometheus has git_csi_armed of the claim at 1", prometheus, async () => (await query(`git_csi_armed{${claim}}`)).some((s) => s.value[1] === "1"), 60_000);
+        const abnormal = await query(`git_csi_volume_abnormal{${claim}}`);
+        assert.equal(abnormal.length, 1, JSON.stringify(abnormal));
+        assert.equal(abnormal[0]!.metric.job, "git-csi");
+        const up = await query(`up{job="git-csi"}`);
+        assert.deepEqual(
+          up.map((s) => s.value[1]),
+          ["1"],
+        );
+        const lastPush = await query(`time() - git_csi_last_push_timestamp_seconds{${claim}}`);
+        assert.ok(lastPush.length === 1 && Number(lastPush[0]!.value[1]) < 300, JSON.stringify(lastPush));
+      } finally {
+        await prometheus.stop();
+      }
+    });
   });
-});

@@ -81,7 +81,10 @@ describe("the split-service layout", () => {
     assert.equal(record.released, "false");
     assert.ok(Number(record.expires) > killedAt + 4000 + 3000, "renewals went on while the frontend was away");
     const written = await fs.readFile(path.join(driver.stateDir, "trees", volume.volumeId, "log.txt"), "utf8");
-    assert.deepEqual(written.split("\n").filter(Boolean), Array.from({ length: lines }, (_, i) => `line ${i}`));
+    assert.deepEqual(
+      written.split("\n").filter(Boolean),
+      Array.from({ length: lines }, (_, i) => `line ${i}`),
+    );
     assert.equal(await sh(`wc -l < '${published.targetPath}/log.txt'`), `${lines}\n`);
 
     // The mount owner and its mounts were never touched.

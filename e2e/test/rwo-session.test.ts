@@ -447,36 +447,40 @@ describe("the .rwo-session record and the mount epoch: retries, expiry, cleanup,
     await unstage(volumeId);
   });
 
-  test("the access mode is bound into the node's volume record: a volume staged ReadWriteOncePod is refused as ReadWriteOnce before service, even when the remote has no owner record", { timeout: 60_000 }, async () => {
-    const repo = "mode.git";
-    const volumeId = "rwo-mode-bound";
-    const stagingPath = await freshVolume(repo, volumeId);
-    await stage(volumeId, repo, RWOP);
-    await unstage(volumeId);
-    assert.equal((await ownerRecord(repo, volumeId))?.["access-mode"], "ReadWriteOncePod");
-    // Only the node remembers the mode now.
-    await server.git(repo, "update-ref", "-d", `refs/git-csi/owner/${volumeId}`);
+  test(
+    "the access mode is bound into the node's volume record: a volume staged ReadWriteOncePod is refused as ReadWriteOnce before service, even when the remote has no owner record",
+    { timeout: 60_000 },
+    async () => {
+      const repo = "mode.git";
+      const volumeId = "rwo-mode-bound";
+      const stagingPath = await freshVolume(repo, volumeId);
+      await stage(volumeId, repo, RWOP);
+      await unstage(volumeId);
+      assert.equal((await ownerRecord(repo, volumeId))?.["access-mode"], "ReadWriteOncePod");
+      // Only the node remembers the mode now.
+      await server.git(repo, "update-ref", "-d", `refs/git-csi/owner/${volumeId}`);
 
-    for (const mode of [Mode.SINGLE_NODE_WRITER, Mode.SINGLE_NODE_MULTI_WRITER]) {
-      let message = "";
-      await stage(volumeId, repo, mode).then(
-        () => assert.fail(`staging ${Mode[mode]} succeeded`),
-        (e: CsiError) => {
-          assert.ok(e instanceof CsiError, String(e));
-          assert.ok([status.ALREADY_EXISTS, status.FAILED_PRECONDITION, status.INVALID_ARGUMENT].includes(e.code), `code ${status[e.code]}: ${e.message}`);
-          message = e.message;
-        },
-      );
-      assert.match(message, new RegExp(volumeId));
-      assert.match(message, /ReadWriteOncePod/);
-      assert.match(message, /ReadWriteOnce(?!Pod)/, "the message names the refused mode too");
-      assert.doesNotMatch(message, /owner ref/, "the node's own record refused it, not the remote");
-    }
-    assert.deepEqual(await mountsOf(volumeId), [], "nothing mounted");
-    assert.deepEqual(await mountsUnder(stagingPath), []);
-    await noSession(volumeId);
-    assert.equal(await ownerRecord(repo, volumeId), undefined, "nothing claimed");
-  });
+      for (const mode of [Mode.SINGLE_NODE_WRITER, Mode.SINGLE_NODE_MULTI_WRITER]) {
+        let message = "";
+        await stage(volumeId, repo, mode).then(
+          () => assert.fail(`staging ${Mode[mode]} succeeded`),
+          (e: CsiError) => {
+            assert.ok(e instanceof CsiError, String(e));
+            assert.ok([status.ALREADY_EXISTS, status.FAILED_PRECONDITION, status.INVALID_ARGUMENT].includes(e.code), `code ${status[e.code]}: ${e.message}`);
+            message = e.message;
+          },
+        );
+        assert.match(message, new RegExp(volumeId));
+        assert.match(message, /ReadWriteOncePod/);
+        assert.match(message, /ReadWriteOnce(?!Pod)/, "the message names the refused mode too");
+        assert.doesNotMatch(message, /owner ref/, "the node's own record refused it, not the remote");
+      }
+      assert.deepEqual(await mountsOf(volumeId), [], "nothing mounted");
+      assert.deepEqual(await mountsUnder(stagingPath), []);
+      await noSession(volumeId);
+      assert.equal(await ownerRecord(repo, volumeId), undefined, "nothing claimed");
+    },
+  );
 
   test("unstage refuses while published and while any kernel mount of the volume remains, keeping ownership; once all are gone it releases", { timeout: 60_000 }, async () => {
     const repo = "unstage.git";
@@ -546,7 +550,17 @@ describe("the .rwo-session record and the mount epoch: retries, expiry, cleanup,
   }
 
   async function shellOpsFail(target: string): Promise<void> {
-    for (const script of [`cat '${target}/a.txt'`, `echo x > '${target}/shell-new.txt'`, `echo x >> '${target}/a.txt'`, `mv '${target}/b.txt' '${target}/moved.txt'`, `rm '${target}/b.txt'`, `chmod 600 '${target}/c.txt'`, `truncate -s 0 '${target}/c.txt'`, `mkdir '${target}/shell-dir'`, `ls '${target}'`]) {
+    for (const script of [
+      `cat '${target}/a.txt'`,
+      `echo x > '${target}/shell-new.txt'`,
+      `echo x >> '${target}/a.txt'`,
+      `mv '${target}/b.txt' '${target}/moved.txt'`,
+      `rm '${target}/b.txt'`,
+      `chmod 600 '${target}/c.txt'`,
+      `truncate -s 0 '${target}/c.txt'`,
+      `mkdir '${target}/shell-dir'`,
+      `ls '${target}'`,
+    ]) {
       assert.equal(await eio(script), true, `${script} fails with EIO`);
     }
   }
@@ -579,58 +593,65 @@ describe("the .rwo-session record and the mount epoch: retries, expiry, cleanup,
     assert.deepEqual(await mountsOf(volumeId), []);
   });
 
-  test("once a renewal finds a successor's epoch on the owner ref, every operation fails with EIO before the lease would have run out, and the unstage leaves the successor's ownership", { timeout: 90_000 }, async () => {
-    const repo = "eio-successor.git";
-    const volumeId = "rwo-eio-successor";
-    const ref = `refs/git-csi/owner/${volumeId}`;
-    await freshVolume(repo, volumeId);
-    await stage(volumeId, repo);
-    const target = await publish(volumeId, repo);
-    const staged = await session(volumeId);
-    const unchanged = await prepareFiles(target, volumeId);
-    const actor = await startActor(target);
-    actors.push(actor);
-    const watching = actor.watch();
+  test(
+    "once a renewal finds a successor's epoch on the owner ref, every operation fails with EIO before the lease would have run out, and the unstage leaves the successor's ownership",
+    { timeout: 90_000 },
+    async () => {
+      const repo = "eio-successor.git";
+      const volumeId = "rwo-eio-successor";
+      const ref = `refs/git-csi/owner/${volumeId}`;
+      await freshVolume(repo, volumeId);
+      await stage(volumeId, repo);
+      const target = await publish(volumeId, repo);
+      const staged = await session(volumeId);
+      const unchanged = await prepareFiles(target, volumeId);
+      const actor = await startActor(target);
+      actors.push(actor);
+      const watching = actor.watch();
 
-    // Another node's epoch takes the owner ref, by compare-and-swap against whatever record is there now.
-    const emptyTree = await server.git(repo, "hash-object", "-t", "tree", "-w", "/dev/null");
-    const successor = { node: "node-other", epoch: randomUUID() };
-    let replaced: OwnerFields | undefined;
-    for (let attempt = 0; ; attempt++) {
-      const old = await server.git(repo, "rev-parse", ref);
-      const current = await ownerRecord(repo, volumeId);
-      const now = Math.max(Date.now(), Number(current?.time));
-      const commit = await server.git(repo, "commit-tree", emptyTree, "-m", takenOver(await server.git(repo, "show", "-s", "--format=%B", old), successor, now));
-      try {
-        await server.git(repo, "update-ref", ref, commit, old);
-        replaced = current;
-        break;
-      } catch (err) {
-        if (attempt > 5) throw err;
+      // Another node's epoch takes the owner ref, by compare-and-swap against whatever record is there now.
+      const emptyTree = await server.git(repo, "hash-object", "-t", "tree", "-w", "/dev/null");
+      const successor = { node: "node-other", epoch: randomUUID() };
+      let replaced: OwnerFields | undefined;
+      for (let attempt = 0; ; attempt++) {
+        const old = await server.git(repo, "rev-parse", ref);
+        const current = await ownerRecord(repo, volumeId);
+        const now = Math.max(Date.now(), Number(current?.time));
+        const commit = await server.git(repo, "commit-tree", emptyTree, "-m", takenOver(await server.git(repo, "show", "-s", "--format=%B", old), successor, now));
+        try {
+          await server.git(repo, "update-ref", ref, commit, old);
+          replaced = current;
+          break;
+        } catch (err) {
+          if (attempt > 5) throw err;
+        }
       }
-    }
-    sameEpoch(replaced?.epoch, staged.epoch, "the record replaced was the mount's own");
+      sameEpoch(replaced?.epoch, staged.epoch, "the record replaced was the mount's own");
 
-    const outcome = await watching;
-    allEio(outcome.results);
-    assert.ok(outcome.lostAt < serveUntil(replaced!), `the mount stopped serving ${serveUntil(replaced!) - outcome.lostAt} ms before its lease would have let it: a renewal found the successor, not the clock`);
-    assert.match(volumeLogs(driver, volumeId), /was taken over by node node-other/);
-    await shellOpsFail(target);
-    await unchanged();
-    // The lost epoch never wrote over the successor's record.
-    const record = await ownerRecord(repo, volumeId);
-    assert.equal(record?.node, "node-other");
-    assert.equal(record?.epoch, successor.epoch);
-    await refused(stage(volumeId, repo), status.FAILED_PRECONDITION, ["no longer holds"]);
+      const outcome = await watching;
+      allEio(outcome.results);
+      assert.ok(
+        outcome.lostAt < serveUntil(replaced!),
+        `the mount stopped serving ${serveUntil(replaced!) - outcome.lostAt} ms before its lease would have let it: a renewal found the successor, not the clock`,
+      );
+      assert.match(volumeLogs(driver, volumeId), /was taken over by node node-other/);
+      await shellOpsFail(target);
+      await unchanged();
+      // The lost epoch never wrote over the successor's record.
+      const record = await ownerRecord(repo, volumeId);
+      assert.equal(record?.node, "node-other");
+      assert.equal(record?.epoch, successor.epoch);
+      await refused(stage(volumeId, repo), status.FAILED_PRECONDITION, ["no longer holds"]);
 
-    await actor.kill();
-    await unpublish(volumeId);
-    await unstage(volumeId);
-    assert.deepEqual(await mountsOf(volumeId), []);
-    const left = await ownerRecord(repo, volumeId);
-    assert.equal(left?.epoch, successor.epoch, "the unstage did not clear the successor's ownership");
-    assert.equal(left?.released, "false");
-  });
+      await actor.kill();
+      await unpublish(volumeId);
+      await unstage(volumeId);
+      assert.deepEqual(await mountsOf(volumeId), []);
+      const left = await ownerRecord(repo, volumeId);
+      assert.equal(left?.epoch, successor.epoch, "the unstage did not clear the successor's ownership");
+      assert.equal(left?.released, "false");
+    },
+  );
 });
 
 function capability(mode: csi.VolumeCapability_AccessMode_Mode): csi.VolumeCapability {

@@ -18,7 +18,9 @@ async function snapshot(dir: string): Promise<Record<string, string>> {
     if (!entry.isFile()) continue;
     const file = path.join(entry.parentPath, entry.name);
     if (file.includes(`${path.sep}run${path.sep}`)) continue;
-    out[path.relative(dir, file)] = createHash("sha256").update(await fs.readFile(file)).digest("hex");
+    out[path.relative(dir, file)] = createHash("sha256")
+      .update(await fs.readFile(file))
+      .digest("hex");
   }
   return out;
 }
@@ -65,7 +67,10 @@ describe("the spine: three services, the CSI surface, a real FUSE mount", () => 
     const N = csi.NodeServiceCapability_RPC_Type;
     assert.deepEqual(node.capabilities.map((c) => c.rpc?.type).sort(), [N.STAGE_UNSTAGE_VOLUME, N.SINGLE_NODE_MULTI_WRITER, N.VOLUME_MOUNT_GROUP].sort());
     const plugin = await call(driver.identity.getPluginCapabilities.bind(driver.identity), {}, T);
-    assert.deepEqual(plugin.capabilities.map((c) => c.service?.type), [csi.PluginCapability_Service_Type.CONTROLLER_SERVICE]);
+    assert.deepEqual(
+      plugin.capabilities.map((c) => c.service?.type),
+      [csi.PluginCapability_Service_Type.CONTROLLER_SERVICE],
+    );
     const info = await call(driver.node.nodeGetInfo.bind(driver.node), {}, T);
     assert.equal(info.nodeId, "e2e-node");
   });
@@ -129,7 +134,17 @@ describe("the spine: three services, the CSI surface, a real FUSE mount", () => 
     assert.equal(record.node, "e2e-node");
     assert.ok(!JSON.stringify(record).includes("never-on-disk-token"));
     // A retried stage continues the same session.
-    await call(driver.node.nodeStageVolume.bind(driver.node), csi.NodeStageVolumeRequest.fromPartial({ volumeId: volume.volumeId, stagingTargetPath: published.stagingPath, volumeCapability: mountCapability(SINGLE_NODE_WRITER), volumeContext: volume.volumeContext, secrets: { token: "never-on-disk-token" } }), T);
+    await call(
+      driver.node.nodeStageVolume.bind(driver.node),
+      csi.NodeStageVolumeRequest.fromPartial({
+        volumeId: volume.volumeId,
+        stagingTargetPath: published.stagingPath,
+        volumeCapability: mountCapability(SINGLE_NODE_WRITER),
+        volumeContext: volume.volumeContext,
+        secrets: { token: "never-on-disk-token" },
+      }),
+      T,
+    );
     assert.equal((JSON.parse(await fs.readFile(file, "utf8")) as Record<string, unknown>).epoch, record.epoch);
     assert.ok(!driver.logs().includes(String(record.epoch)), "the record's contents are never logged");
     await unpublishAndUnstage(driver, published);
@@ -159,7 +174,17 @@ describe("the spine: three services, the CSI surface, a real FUSE mount", () => 
     const a = await stageAndPublish(driver, volume, Mode.SINGLE_NODE_SINGLE_WRITER, "pod-one");
     await refused(stageAndPublish(driver, volume, Mode.SINGLE_NODE_SINGLE_WRITER, "pod-two"), status.FAILED_PRECONDITION, "already published");
     await refused(
-      call(driver.node.nodePublishVolume.bind(driver.node), csi.NodePublishVolumeRequest.fromPartial({ volumeId: volume.volumeId, stagingTargetPath: a.stagingPath, targetPath: path.join(driver.dir, "pods", "x", "v"), volumeCapability: mountCapability(SINGLE_NODE_WRITER), volumeContext: volume.volumeContext }), T),
+      call(
+        driver.node.nodePublishVolume.bind(driver.node),
+        csi.NodePublishVolumeRequest.fromPartial({
+          volumeId: volume.volumeId,
+          stagingTargetPath: a.stagingPath,
+          targetPath: path.join(driver.dir, "pods", "x", "v"),
+          volumeCapability: mountCapability(SINGLE_NODE_WRITER),
+          volumeContext: volume.volumeContext,
+        }),
+        T,
+      ),
       status.INVALID_ARGUMENT,
       "volume_capability asks for ReadWriteOnce but the volume was created ReadWriteOncePod",
     );
@@ -188,48 +213,210 @@ describe("the spine: three services, the CSI surface, a real FUSE mount", () => 
     const BRANCH = "must name a branch as git check-ref-format --branch accepts it";
     const cases: Array<[string, () => Promise<unknown>, status, string | string[]]> = [
       ["stage without id", () => stage({ stagingTargetPath: staging, volumeCapability: cap, volumeContext: ctx }), status.INVALID_ARGUMENT, "volume_id is required"],
-      ["stage with a path-like id", () => stage({ volumeId: "../etc", stagingTargetPath: staging, volumeCapability: cap, volumeContext: ctx }), status.INVALID_ARGUMENT, "volume_id \"../etc\" must be"],
+      ["stage with a path-like id", () => stage({ volumeId: "../etc", stagingTargetPath: staging, volumeCapability: cap, volumeContext: ctx }), status.INVALID_ARGUMENT, 'volume_id "../etc" must be'],
       ["stage without staging path", () => stage({ volumeId: "bad", volumeCapability: cap, volumeContext: ctx }), status.INVALID_ARGUMENT, "staging_target_path is required"],
-      ["stage with a relative staging path", () => stage({ volumeId: "bad", stagingTargetPath: "rel/dir", volumeCapability: cap, volumeContext: ctx }), status.INVALID_ARGUMENT, "staging_target_path \"rel/dir\" must be an absolute path"],
+      [
+        "stage with a relative staging path",
+        () => stage({ volumeId: "bad", stagingTargetPath: "rel/dir", volumeCapability: cap, volumeContext: ctx }),
+        status.INVALID_ARGUMENT,
+        'staging_target_path "rel/dir" must be an absolute path',
+      ],
       ["stage without capability", () => stage({ volumeId: "bad", stagingTargetPath: staging, volumeContext: ctx }), status.INVALID_ARGUMENT, "volume_capability is required"],
-      ["stage without url", () => stage({ volumeId: "bad", stagingTargetPath: staging, volumeCapability: cap, volumeContext: { ref: "main" } }), status.INVALID_ARGUMENT, "volume_context.url is required"],
+      [
+        "stage without url",
+        () => stage({ volumeId: "bad", stagingTargetPath: staging, volumeCapability: cap, volumeContext: { ref: "main" } }),
+        status.INVALID_ARGUMENT,
+        "volume_context.url is required",
+      ],
       ["stage without ref", () => stage({ volumeId: "bad", stagingTargetPath: staging, volumeCapability: cap, volumeContext: { url } }), status.INVALID_ARGUMENT, "volume_context.ref is required"],
-      ["stage a tag", () => stage({ volumeId: "bad", stagingTargetPath: staging, volumeCapability: cap, volumeContext: { url, ref: "refs/tags/v1" } }), status.INVALID_ARGUMENT, "volume_context.ref \"refs/tags/v1\" must name a branch"],
-      ["stage raw block", () => stage({ volumeId: "bad", stagingTargetPath: staging, volumeCapability: { block: {}, accessMode: { mode: Mode.SINGLE_NODE_WRITER } }, volumeContext: ctx }), status.INVALID_ARGUMENT, "volume_capability.block: raw block volumes are not served"],
-      ["stage with fsType", () => stage({ volumeId: "bad", stagingTargetPath: staging, volumeCapability: { mount: { fsType: "ext4", mountFlags: [], volumeMountGroup: "" }, accessMode: { mode: Mode.SINGLE_NODE_WRITER } }, volumeContext: ctx }), status.INVALID_ARGUMENT, "volume_capability.mount.fs_type \"ext4\""],
-      ["stage with mount flags", () => stage({ volumeId: "bad", stagingTargetPath: staging, volumeCapability: { mount: { fsType: "", mountFlags: ["noatime"], volumeMountGroup: "" }, accessMode: { mode: Mode.SINGLE_NODE_WRITER } }, volumeContext: ctx }), status.INVALID_ARGUMENT, "volume_capability.mount.mount_flags"],
-      ["stage multi-node", () => stage({ volumeId: "bad", stagingTargetPath: staging, volumeCapability: mountCapability(Mode.MULTI_NODE_MULTI_WRITER), volumeContext: ctx }), status.INVALID_ARGUMENT, "volume_capability.access_mode MULTI_NODE_MULTI_WRITER"],
+      [
+        "stage a tag",
+        () => stage({ volumeId: "bad", stagingTargetPath: staging, volumeCapability: cap, volumeContext: { url, ref: "refs/tags/v1" } }),
+        status.INVALID_ARGUMENT,
+        'volume_context.ref "refs/tags/v1" must name a branch',
+      ],
+      [
+        "stage raw block",
+        () => stage({ volumeId: "bad", stagingTargetPath: staging, volumeCapability: { block: {}, accessMode: { mode: Mode.SINGLE_NODE_WRITER } }, volumeContext: ctx }),
+        status.INVALID_ARGUMENT,
+        "volume_capability.block: raw block volumes are not served",
+      ],
+      [
+        "stage with fsType",
+        () =>
+          stage({
+            volumeId: "bad",
+            stagingTargetPath: staging,
+            volumeCapability: { mount: { fsType: "ext4", mountFlags: [], volumeMountGroup: "" }, accessMode: { mode: Mode.SINGLE_NODE_WRITER } },
+            volumeContext: ctx,
+          }),
+        status.INVALID_ARGUMENT,
+        'volume_capability.mount.fs_type "ext4"',
+      ],
+      [
+        "stage with mount flags",
+        () =>
+          stage({
+            volumeId: "bad",
+            stagingTargetPath: staging,
+            volumeCapability: { mount: { fsType: "", mountFlags: ["noatime"], volumeMountGroup: "" }, accessMode: { mode: Mode.SINGLE_NODE_WRITER } },
+            volumeContext: ctx,
+          }),
+        status.INVALID_ARGUMENT,
+        "volume_capability.mount.mount_flags",
+      ],
+      [
+        "stage multi-node",
+        () => stage({ volumeId: "bad", stagingTargetPath: staging, volumeCapability: mountCapability(Mode.MULTI_NODE_MULTI_WRITER), volumeContext: ctx }),
+        status.INVALID_ARGUMENT,
+        "volume_capability.access_mode MULTI_NODE_MULTI_WRITER",
+      ],
       ["publish without target", () => publish({ volumeId: "bad", stagingTargetPath: staging, volumeCapability: cap, volumeContext: ctx }), status.INVALID_ARGUMENT, "target_path is required"],
-      ["publish an unstaged volume", () => publish({ volumeId: "never-staged", stagingTargetPath: staging, targetPath: path.join(driver.dir, "t"), volumeCapability: cap, volumeContext: ctx }), status.FAILED_PRECONDITION, "is not staged"],
+      [
+        "publish an unstaged volume",
+        () => publish({ volumeId: "never-staged", stagingTargetPath: staging, targetPath: path.join(driver.dir, "t"), volumeCapability: cap, volumeContext: ctx }),
+        status.FAILED_PRECONDITION,
+        "is not staged",
+      ],
       ["unstage without path", () => call(driver.node.nodeUnstageVolume.bind(driver.node), { volumeId: "bad", stagingTargetPath: "" }, T), status.INVALID_ARGUMENT, "staging_target_path is required"],
       ["unpublish without id", () => call(driver.node.nodeUnpublishVolume.bind(driver.node), { volumeId: "", targetPath: "/x" }, T), status.INVALID_ARGUMENT, "volume_id is required"],
       ["create without name", () => create({ volumeCapabilities: [cap], parameters: ctx }), status.INVALID_ARGUMENT, "name is required"],
       ["create without capabilities", () => create({ name: "bad", parameters: ctx }), status.INVALID_ARGUMENT, "volume_capabilities is required"],
-      ["create with two modes", () => create({ name: "bad", volumeCapabilities: [cap, mountCapability(Mode.SINGLE_NODE_WRITER)], parameters: ctx }), status.INVALID_ARGUMENT, "both ReadWriteOncePod and ReadWriteOnce"],
+      [
+        "create with two modes",
+        () => create({ name: "bad", volumeCapabilities: [cap, mountCapability(Mode.SINGLE_NODE_WRITER)], parameters: ctx }),
+        status.INVALID_ARGUMENT,
+        "both ReadWriteOncePod and ReadWriteOnce",
+      ],
       ["create without url", () => create({ name: "bad", volumeCapabilities: [cap], parameters: { ref: "main" } }), status.INVALID_ARGUMENT, "parameters.url is required"],
-      ["create with an unknown parameter", () => create({ name: "bad", volumeCapabilities: [cap], parameters: { ...ctx, "push.quiesce": "5s" } }), status.INVALID_ARGUMENT, "parameters push.quiesce: a StorageClass takes only url and ref"],
-      ["create with a bad class parameter", () => create({ name: "bad", volumeCapabilities: [cap], parameters: ctx, mutableParameters: { "push.quiesce": "soon" } }), status.INVALID_ARGUMENT, "mutable_parameters: class parameter push.quiesce: \"soon\" is not a duration"],
+      [
+        "create with an unknown parameter",
+        () => create({ name: "bad", volumeCapabilities: [cap], parameters: { ...ctx, "push.quiesce": "5s" } }),
+        status.INVALID_ARGUMENT,
+        "parameters push.quiesce: a StorageClass takes only url and ref",
+      ],
+      [
+        "create with a bad class parameter",
+        () => create({ name: "bad", volumeCapabilities: [cap], parameters: ctx, mutableParameters: { "push.quiesce": "soon" } }),
+        status.INVALID_ARGUMENT,
+        'mutable_parameters: class parameter push.quiesce: "soon" is not a duration',
+      ],
       ["modify an unknown volume", () => modify({ volumeId: "no-such-volume", mutableParameters: { "push.quiesce": "5s" } }), status.NOT_FOUND, "volume no-such-volume does not exist"],
-      ["modify with a bad class parameter", () => modify({ volumeId: "spine-write", mutableParameters: { "commit.author": "nobody" } }), status.INVALID_ARGUMENT, "class parameter commit.author: \"nobody\" is not Name <email>"],
-      ["create from a local path", () => create({ name: "bad", volumeCapabilities: [cap], parameters: { url: ownStore, ref: "main" } }), status.INVALID_ARGUMENT, refusedUrl("parameters", ownStore, LOCAL)],
-      ["create from file://", () => create({ name: "bad", volumeCapabilities: [cap], parameters: { url: `file://${ownStore}`, ref: "main" } }), status.INVALID_ARGUMENT, refusedUrl("parameters", `file://${ownStore}`, LOCAL)],
-      ["create from ext::", () => create({ name: "bad", volumeCapabilities: [cap], parameters: { url: "ext::sh -c id", ref: "main" } }), status.INVALID_ARGUMENT, refusedUrl("parameters", "ext::sh -c id", "ext:: is a helper transport")],
+      [
+        "modify with a bad class parameter",
+        () => modify({ volumeId: "spine-write", mutableParameters: { "commit.author": "nobody" } }),
+        status.INVALID_ARGUMENT,
+        'class parameter commit.author: "nobody" is not Name <email>',
+      ],
+      [
+        "create from a local path",
+        () => create({ name: "bad", volumeCapabilities: [cap], parameters: { url: ownStore, ref: "main" } }),
+        status.INVALID_ARGUMENT,
+        refusedUrl("parameters", ownStore, LOCAL),
+      ],
+      [
+        "create from file://",
+        () => create({ name: "bad", volumeCapabilities: [cap], parameters: { url: `file://${ownStore}`, ref: "main" } }),
+        status.INVALID_ARGUMENT,
+        refusedUrl("parameters", `file://${ownStore}`, LOCAL),
+      ],
+      [
+        "create from ext::",
+        () => create({ name: "bad", volumeCapabilities: [cap], parameters: { url: "ext::sh -c id", ref: "main" } }),
+        status.INVALID_ARGUMENT,
+        refusedUrl("parameters", "ext::sh -c id", "ext:: is a helper transport"),
+      ],
       ["create with an option-shaped ref", () => create({ name: "bad", volumeCapabilities: [cap], parameters: { url, ref: "-x" } }), status.INVALID_ARGUMENT, `parameters.ref "-x" ${BRANCH}`],
-      ["create with a negative capacity", () => create({ name: "bad", volumeCapabilities: [cap], parameters: ctx, capacityRange: { requiredBytes: -1, limitBytes: 0 } }), status.INVALID_ARGUMENT, "capacity_range: required_bytes and limit_bytes must not be negative"],
-      ["stage from a local path", () => stage({ volumeId: "bad", stagingTargetPath: staging, volumeCapability: cap, volumeContext: { url: ownStore, ref: "main" } }), status.INVALID_ARGUMENT, refusedUrl("volume_context", ownStore, LOCAL)],
-      ["stage from file://", () => stage({ volumeId: "bad", stagingTargetPath: staging, volumeCapability: cap, volumeContext: { url: `file://${ownStore}`, ref: "main" } }), status.INVALID_ARGUMENT, refusedUrl("volume_context", `file://${ownStore}`, LOCAL)],
-      ["stage from ext::", () => stage({ volumeId: "bad", stagingTargetPath: staging, volumeCapability: cap, volumeContext: { url: "ext::sh -c id", ref: "main" } }), status.INVALID_ARGUMENT, refusedUrl("volume_context", "ext::sh -c id", "ext:: is a helper transport")],
-      ["stage from fd::", () => stage({ volumeId: "bad", stagingTargetPath: staging, volumeCapability: cap, volumeContext: { url: "fd::7", ref: "main" } }), status.INVALID_ARGUMENT, refusedUrl("volume_context", "fd::7", "fd:: is a helper transport")],
-      ["stage from an option-shaped URL", () => stage({ volumeId: "bad", stagingTargetPath: staging, volumeCapability: cap, volumeContext: { url: "--upload-pack=id", ref: "main" } }), status.INVALID_ARGUMENT, refusedUrl("volume_context", "--upload-pack=id", "would read as an option")],
-      ["stage an option-shaped ref", () => stage({ volumeId: "bad", stagingTargetPath: staging, volumeCapability: cap, volumeContext: { url, ref: "--help" } }), status.INVALID_ARGUMENT, `volume_context.ref "--help" ${BRANCH}`],
-      ["stage HEAD", () => stage({ volumeId: "bad", stagingTargetPath: staging, volumeCapability: cap, volumeContext: { url, ref: "HEAD" } }), status.INVALID_ARGUMENT, `volume_context.ref "HEAD" ${BRANCH}`],
-      ["stage with a Secret that is no credential", () => stage({ volumeId: "bad", stagingTargetPath: staging, volumeCapability: cap, volumeContext: ctx, secrets: { apikey: "v" } }), status.INVALID_ARGUMENT, "secrets: the volume's Secret has the keys apikey"],
-      ["stage with an ssh-privatekey that is no key", () => stage({ volumeId: "bad", stagingTargetPath: staging, volumeCapability: cap, volumeContext: ctx, secrets: { "ssh-privatekey": "hunter2" } }), status.INVALID_ARGUMENT, "secrets: the volume's Secret's ssh-privatekey is no private key"],
-      ["stage with a staging path longer than Linux takes", () => stage({ volumeId: "bad", stagingTargetPath: `${staging}/${"n".repeat(256)}`, volumeCapability: cap, volumeContext: ctx }), status.INVALID_ARGUMENT, "staging_target_path"],
-      ["publish for a pod name that is none", () => publish({ volumeId: "bad", stagingTargetPath: staging, targetPath: path.join(driver.dir, "t"), volumeCapability: cap, volumeContext: { "csi.storage.k8s.io/pod.name": "../x" } }), status.INVALID_ARGUMENT, "volume_context.csi.storage.k8s.io/pod.name \"../x\" must be a pod name"],
-      ["delete another volume's record by a path-like id", () => call(driver.controller.deleteVolume.bind(driver.controller), { volumeId: "../provisioned/spine-write", secrets: {} }, T), status.INVALID_ARGUMENT, "volume_id \"../provisioned/spine-write\" must be"],
-      ["modify an unknown volume with a bad class parameter", () => modify({ volumeId: "no-such-volume", mutableParameters: { "push.quiesce": "soon" } }), status.INVALID_ARGUMENT, "mutable_parameters: class parameter push.quiesce"],
-      ["validate without capabilities", () => call(driver.controller.validateVolumeCapabilities.bind(driver.controller), csi.ValidateVolumeCapabilitiesRequest.fromPartial({ volumeId: "spine-write" }), T), status.INVALID_ARGUMENT, "volume_capabilities is required"],
+      [
+        "create with a negative capacity",
+        () => create({ name: "bad", volumeCapabilities: [cap], parameters: ctx, capacityRange: { requiredBytes: -1, limitBytes: 0 } }),
+        status.INVALID_ARGUMENT,
+        "capacity_range: required_bytes and limit_bytes must not be negative",
+      ],
+      [
+        "stage from a local path",
+        () => stage({ volumeId: "bad", stagingTargetPath: staging, volumeCapability: cap, volumeContext: { url: ownStore, ref: "main" } }),
+        status.INVALID_ARGUMENT,
+        refusedUrl("volume_context", ownStore, LOCAL),
+      ],
+      [
+        "stage from file://",
+        () => stage({ volumeId: "bad", stagingTargetPath: staging, volumeCapability: cap, volumeContext: { url: `file://${ownStore}`, ref: "main" } }),
+        status.INVALID_ARGUMENT,
+        refusedUrl("volume_context", `file://${ownStore}`, LOCAL),
+      ],
+      [
+        "stage from ext::",
+        () => stage({ volumeId: "bad", stagingTargetPath: staging, volumeCapability: cap, volumeContext: { url: "ext::sh -c id", ref: "main" } }),
+        status.INVALID_ARGUMENT,
+        refusedUrl("volume_context", "ext::sh -c id", "ext:: is a helper transport"),
+      ],
+      [
+        "stage from fd::",
+        () => stage({ volumeId: "bad", stagingTargetPath: staging, volumeCapability: cap, volumeContext: { url: "fd::7", ref: "main" } }),
+        status.INVALID_ARGUMENT,
+        refusedUrl("volume_context", "fd::7", "fd:: is a helper transport"),
+      ],
+      [
+        "stage from an option-shaped URL",
+        () => stage({ volumeId: "bad", stagingTargetPath: staging, volumeCapability: cap, volumeContext: { url: "--upload-pack=id", ref: "main" } }),
+        status.INVALID_ARGUMENT,
+        refusedUrl("volume_context", "--upload-pack=id", "would read as an option"),
+      ],
+      [
+        "stage an option-shaped ref",
+        () => stage({ volumeId: "bad", stagingTargetPath: staging, volumeCapability: cap, volumeContext: { url, ref: "--help" } }),
+        status.INVALID_ARGUMENT,
+        `volume_context.ref "--help" ${BRANCH}`,
+      ],
+      [
+        "stage HEAD",
+        () => stage({ volumeId: "bad", stagingTargetPath: staging, volumeCapability: cap, volumeContext: { url, ref: "HEAD" } }),
+        status.INVALID_ARGUMENT,
+        `volume_context.ref "HEAD" ${BRANCH}`,
+      ],
+      [
+        "stage with a Secret that is no credential",
+        () => stage({ volumeId: "bad", stagingTargetPath: staging, volumeCapability: cap, volumeContext: ctx, secrets: { apikey: "v" } }),
+        status.INVALID_ARGUMENT,
+        "secrets: the volume's Secret has the keys apikey",
+      ],
+      [
+        "stage with an ssh-privatekey that is no key",
+        () => stage({ volumeId: "bad", stagingTargetPath: staging, volumeCapability: cap, volumeContext: ctx, secrets: { "ssh-privatekey": "hunter2" } }),
+        status.INVALID_ARGUMENT,
+        "secrets: the volume's Secret's ssh-privatekey is no private key",
+      ],
+      [
+        "stage with a staging path longer than Linux takes",
+        () => stage({ volumeId: "bad", stagingTargetPath: `${staging}/${"n".repeat(256)}`, volumeCapability: cap, volumeContext: ctx }),
+        status.INVALID_ARGUMENT,
+        "staging_target_path",
+      ],
+      [
+        "publish for a pod name that is none",
+        () => publish({ volumeId: "bad", stagingTargetPath: staging, targetPath: path.join(driver.dir, "t"), volumeCapability: cap, volumeContext: { "csi.storage.k8s.io/pod.name": "../x" } }),
+        status.INVALID_ARGUMENT,
+        'volume_context.csi.storage.k8s.io/pod.name "../x" must be a pod name',
+      ],
+      [
+        "delete another volume's record by a path-like id",
+        () => call(driver.controller.deleteVolume.bind(driver.controller), { volumeId: "../provisioned/spine-write", secrets: {} }, T),
+        status.INVALID_ARGUMENT,
+        'volume_id "../provisioned/spine-write" must be',
+      ],
+      [
+        "modify an unknown volume with a bad class parameter",
+        () => modify({ volumeId: "no-such-volume", mutableParameters: { "push.quiesce": "soon" } }),
+        status.INVALID_ARGUMENT,
+        "mutable_parameters: class parameter push.quiesce",
+      ],
+      [
+        "validate without capabilities",
+        () => call(driver.controller.validateVolumeCapabilities.bind(driver.controller), csi.ValidateVolumeCapabilitiesRequest.fromPartial({ volumeId: "spine-write" }), T),
+        status.INVALID_ARGUMENT,
+        "volume_capabilities is required",
+      ],
     ];
     for (const [name, request, code, fragment] of cases) {
       await t.test(name, () => refused(request(), code, fragment));
@@ -253,8 +440,16 @@ describe("the spine: three services, the CSI surface, a real FUSE mount", () => 
   });
 
   test("ControllerModifyVolume applies the class to the volume in standalone mode", async () => {
-    await call(driver.controller.controllerModifyVolume.bind(driver.controller), csi.ControllerModifyVolumeRequest.fromPartial({ volumeId: "spine-write", mutableParameters: { "push.quiesce": "5s" } }), T);
-    await call(driver.controller.controllerModifyVolume.bind(driver.controller), csi.ControllerModifyVolumeRequest.fromPartial({ volumeId: "spine-write", mutableParameters: { "push.maxLatency": "1m" } }), T);
+    await call(
+      driver.controller.controllerModifyVolume.bind(driver.controller),
+      csi.ControllerModifyVolumeRequest.fromPartial({ volumeId: "spine-write", mutableParameters: { "push.quiesce": "5s" } }),
+      T,
+    );
+    await call(
+      driver.controller.controllerModifyVolume.bind(driver.controller),
+      csi.ControllerModifyVolumeRequest.fromPartial({ volumeId: "spine-write", mutableParameters: { "push.maxLatency": "1m" } }),
+      T,
+    );
     const record = JSON.parse(await fs.readFile(path.join(driver.stateDir, "provisioned", "spine-write.json"), "utf8")) as { classParameters: Record<string, string> };
     assert.deepEqual(record.classParameters, { "push.quiesce": "5s", "push.maxLatency": "1m" });
   });

@@ -60,15 +60,7 @@ async function deployKey(name: string): Promise<string> {
 }
 
 function sshOpts(keyFile: string, kh = knownHosts): string[] {
-  return [
-    "-F", "/dev/null",
-    "-i", keyFile,
-    "-o", "IdentitiesOnly=yes",
-    "-o", `UserKnownHostsFile=${kh}`,
-    "-o", "StrictHostKeyChecking=yes",
-    "-o", "BatchMode=yes",
-    "-o", "ConnectTimeout=10",
-  ];
+  return ["-F", "/dev/null", "-i", keyFile, "-o", "IdentitiesOnly=yes", "-o", `UserKnownHostsFile=${kh}`, "-o", "StrictHostKeyChecking=yes", "-o", "BatchMode=yes", "-o", "ConnectTimeout=10"];
 }
 
 /** env for git over ssh with this key (all paths are plain temp paths, safe for GIT_SSH_COMMAND's shell). */
@@ -88,7 +80,7 @@ function descendants(root: number): number[] {
     }
   }
   const tree = new Set([root]);
-  for (let grew = true; grew; ) {
+  for (let grew = true; grew;) {
     grew = false;
     for (const [pid, ppid] of procs) {
       if (!tree.has(pid) && tree.has(ppid)) {

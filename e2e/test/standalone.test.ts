@@ -23,8 +23,10 @@ test("standalone: ControllerModifyVolume arms a static volume staged over the CS
   await server.createRepo("static.git", { files: { "README.md": "static\n" } });
   const volume = csi.Volume.fromPartial({ volumeId: "static-volume", volumeContext: { url: server.url("static.git"), ref: "main" } });
 
-  await assert.rejects(modifyVolume(driver, "static-volume", { "push.quiesce": "1s" }), (err: { code: number; message: string }) =>
-    err.code === status.NOT_FOUND && /static-volume does not exist/.test(err.message));
+  await assert.rejects(
+    modifyVolume(driver, "static-volume", { "push.quiesce": "1s" }),
+    (err: { code: number; message: string }) => err.code === status.NOT_FOUND && /static-volume does not exist/.test(err.message),
+  );
 
   const published = await stageAndPublish(driver, volume);
   assert.equal((await report(driver, "static-volume")).armed, false);

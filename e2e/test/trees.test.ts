@@ -72,7 +72,11 @@ describe("work trees the node keeps", () => {
     const a = await stageAndPublish(driver, await createVolume(driver, "two-a", server.url("two.git")), undefined, "two-a");
     const b = await stageAndPublish(driver, await createVolume(driver, "two-b", server.url("two.git")), undefined, "two-b");
     await server.commitFiles("two.git", { "x.txt": "x\n" }, { branch: "other" });
-    const nodeRepo = (await Promise.all((await repos()).map(async (r) => ((await runGit(["--git-dir", path.join(driver.stateDir, "repos", r), "config", "remote.origin.url"])).trim() === server.url("two.git") ? r : undefined)))).find(Boolean)!;
+    const nodeRepo = (
+      await Promise.all(
+        (await repos()).map(async (r) => ((await runGit(["--git-dir", path.join(driver.stateDir, "repos", r), "config", "remote.origin.url"])).trim() === server.url("two.git") ? r : undefined)),
+      )
+    ).find(Boolean)!;
     const gitDir = path.join(driver.stateDir, "repos", nodeRepo);
     // A ref that no volume follows, as a volume of another branch would have left it.
     await runGit(["--git-dir", gitDir, "fetch", "-q", "origin", "+refs/heads/other:refs/git-csi/upstream/heads/other"]);

@@ -18,16 +18,21 @@ async function main(argv: string[]): Promise<void> {
   }
   if (command === "report") return reportCommand(rest);
   if (command !== "standalone") throw new UsageError(command === undefined ? USAGE : `git-csi: unknown command ${command}\n${USAGE}`);
-  const flags = parseFlags(rest, "git-csi standalone", "Starts git-worker, mount-owner and csi-frontend as child processes, prints one JSON line when the CSI socket answers Probe, and stops them on SIGTERM.", [
-    { name: "state-dir", help: "the node's state directory: work trees, volume records, sockets", required: true },
-    { name: "endpoint", help: "CSI socket to serve, unix:///path/csi.sock", required: true },
-    { name: "node-id", help: "this node's name", default: "standalone" },
-    { name: "metrics-address", help: "host:port of the /metrics listener and per-volume reports (/volumes/<volume>); empty for none", default: "" },
-    { name: "owner-metrics-address", help: "host:port of the mount owner's /metrics listener (git_csi_operations_total); empty for none", default: "" },
-    { name: "lease-duration", help: "how long a mount epoch's lease lasts (spec 000)", default: "90s" },
-    { name: "lease-renew-interval", help: "how often the mount owner renews it (spec 000)", default: "20s" },
-    { name: "kubeconfig", help: "an API server to watch (PersistentVolumes, claims, VolumeAttributesClasses) and post events to, as in a cluster; empty for none", default: "" },
-  ]);
+  const flags = parseFlags(
+    rest,
+    "git-csi standalone",
+    "Starts git-worker, mount-owner and csi-frontend as child processes, prints one JSON line when the CSI socket answers Probe, and stops them on SIGTERM.",
+    [
+      { name: "state-dir", help: "the node's state directory: work trees, volume records, sockets", required: true },
+      { name: "endpoint", help: "CSI socket to serve, unix:///path/csi.sock", required: true },
+      { name: "node-id", help: "this node's name", default: "standalone" },
+      { name: "metrics-address", help: "host:port of the /metrics listener and per-volume reports (/volumes/<volume>); empty for none", default: "" },
+      { name: "owner-metrics-address", help: "host:port of the mount owner's /metrics listener (git_csi_operations_total); empty for none", default: "" },
+      { name: "lease-duration", help: "how long a mount epoch's lease lasts (spec 000)", default: "90s" },
+      { name: "lease-renew-interval", help: "how often the mount owner renews it (spec 000)", default: "20s" },
+      { name: "kubeconfig", help: "an API server to watch (PersistentVolumes, claims, VolumeAttributesClasses) and post events to, as in a cluster; empty for none", default: "" },
+    ],
+  );
   const logger = createLogger("git-csi");
   const standalone = new Standalone(
     {

@@ -68,7 +68,8 @@ function formatReport(r: gitWorker.VolumeReport, now = Date.now()): string {
   return `${lines.join("\n")}\n`;
 }
 
-const SUMMARY = "Prints one volume's report from the git worker's metrics listener: what it would commit, what it waits for, why it is abnormal, its recent events. Exits 1 when the volume is unknown there or the listener does not answer.";
+const SUMMARY =
+  "Prints one volume's report from the git worker's metrics listener: what it would commit, what it waits for, why it is abnormal, its recent events. Exits 1 when the volume is unknown there or the listener does not answer.";
 
 /** `git-csi report <volume> [--metrics-address host:port] [--json]`. */
 export async function reportCommand(argv: string[]): Promise<void> {
@@ -88,7 +89,8 @@ export async function reportCommand(argv: string[]): Promise<void> {
     { name: "metrics-address", help: "host:port of the git worker's metrics listener", default: DEFAULT_METRICS_ADDRESS },
     { name: "json", help: "print the report as the listener serves it, JSON (--json alone means true)", default: "false" },
   ]);
-  if (positional.length !== 1) throw new UsageError(`git-csi report: name exactly one volume (its volumeHandle), not ${positional.length}\nusage: git-csi report <volume> [--metrics-address host:port] [--json]`);
+  if (positional.length !== 1)
+    throw new UsageError(`git-csi report: name exactly one volume (its volumeHandle), not ${positional.length}\nusage: git-csi report <volume> [--metrics-address host:port] [--json]`);
   if (flags.json !== "true" && flags.json !== "false") throw new UsageError(`git-csi report: --json is true or false, not ${flags.json}`);
   try {
     const { raw, report } = await fetchReport(flags["metrics-address"]!, positional[0]!);

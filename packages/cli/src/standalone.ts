@@ -53,12 +53,36 @@ export class Standalone {
     const worker = `unix://${path.join(sockets, "git-worker.sock")}`;
     const owner = `unix://${path.join(sockets, "mount-owner.sock")}`;
     this.children = [
-      { name: "git-worker", args: [binOf("git-worker"), "--state-dir", options.stateDir, "--listen", worker, "--metrics-address", options.metricsAddress, "--node-id", options.nodeId, "--kubeconfig", options.kubeconfig] },
+      {
+        name: "git-worker",
+        args: [binOf("git-worker"), "--state-dir", options.stateDir, "--listen", worker, "--metrics-address", options.metricsAddress, "--node-id", options.nodeId, "--kubeconfig", options.kubeconfig],
+      },
       {
         name: "mount-owner",
-        args: [binOf("mount-owner"), "--state-dir", options.stateDir, "--listen", owner, "--git-worker", worker, "--node-id", options.nodeId, "--metrics-address", options.ownerMetricsAddress, "--lease-duration", options.leaseDuration, "--lease-renew-interval", options.leaseRenewInterval, "--kubeconfig", options.kubeconfig],
+        args: [
+          binOf("mount-owner"),
+          "--state-dir",
+          options.stateDir,
+          "--listen",
+          owner,
+          "--git-worker",
+          worker,
+          "--node-id",
+          options.nodeId,
+          "--metrics-address",
+          options.ownerMetricsAddress,
+          "--lease-duration",
+          options.leaseDuration,
+          "--lease-renew-interval",
+          options.leaseRenewInterval,
+          "--kubeconfig",
+          options.kubeconfig,
+        ],
       },
-      { name: "csi-frontend", args: [binOf("csi-frontend"), "--endpoint", options.endpoint, "--mount-owner", owner, "--node-id", options.nodeId, "--mode", "standalone", "--kubeconfig", options.kubeconfig] },
+      {
+        name: "csi-frontend",
+        args: [binOf("csi-frontend"), "--endpoint", options.endpoint, "--mount-owner", owner, "--node-id", options.nodeId, "--mode", "standalone", "--kubeconfig", options.kubeconfig],
+      },
     ];
   }
 

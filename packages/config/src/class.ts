@@ -72,7 +72,10 @@ const CLASS_PARAMETERS: Record<string, ParameterRule> = {
     rule: "comma-separated gitignore patterns, such as .storage/,*.db*,*.log",
     default: "(none)",
     apply: (value, policy) => {
-      const patterns = value.split(",").map((p) => p.trim()).filter((p) => p !== "");
+      const patterns = value
+        .split(",")
+        .map((p) => p.trim())
+        .filter((p) => p !== "");
       if (patterns.some((p) => /[\n\r\0]/.test(p))) return "comma-separated gitignore patterns without line breaks";
       policy.ignore = patterns;
       return undefined;

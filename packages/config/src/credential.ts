@@ -4,10 +4,7 @@
  * (ssh-privatekey, with known_hosts to check the server's key) and
  * kubernetes.io/basic-auth (username, password), or a token for https.
  */
-export type GitCredential =
-  | { kind: "ssh"; privateKey: string; knownHosts?: string }
-  | { kind: "basic"; username: string; password: string }
-  | { kind: "token"; username: string; token: string };
+export type GitCredential = { kind: "ssh"; privateKey: string; knownHosts?: string } | { kind: "basic"; username: string; password: string } | { kind: "token"; username: string; token: string };
 
 const SHAPES = "ssh-privatekey (with optional known_hosts), username and password, or token (with optional username)";
 
@@ -31,7 +28,8 @@ export function credentialOf(data: Record<string, string> | undefined): GitCrede
   if (!data || Object.keys(data).length === 0) return undefined;
   const keys = Object.keys(data).sort();
   if (data["ssh-privatekey"]) {
-    if (!PRIVATE_KEY.test(data["ssh-privatekey"])) throw new SecretError("the volume's Secret's ssh-privatekey is no private key: it must hold one in OpenSSH or PEM form (-----BEGIN ... PRIVATE KEY-----)");
+    if (!PRIVATE_KEY.test(data["ssh-privatekey"]))
+      throw new SecretError("the volume's Secret's ssh-privatekey is no private key: it must hold one in OpenSSH or PEM form (-----BEGIN ... PRIVATE KEY-----)");
     const privateKey = data["ssh-privatekey"].endsWith("\n") ? data["ssh-privatekey"] : `${data["ssh-privatekey"]}\n`;
     return { kind: "ssh", privateKey, knownHosts: data.known_hosts || undefined };
   }

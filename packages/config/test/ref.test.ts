@@ -39,7 +39,38 @@ test("isBranchName agrees with git check-ref-format --branch on generated names"
 
 test("isBranchName agrees with git on each of its rules", (t) => {
   const gitAccepts = branchOracle(t);
-  const names = ["main", "feature/x", "@", "HEADx", "é", "--help", "-x", "HEAD", "a..b", "a/.b", ".a", "x.lock", "a/x.lock/b", "@{-1}", "a@{b", "a b", "a\tb", "a~1", "a^", "a:b", "a?", "a*", "a[b", "a\\b", "a.", "/a", "a/", "a//b", "", "a\x7f"];
+  const names = [
+    "main",
+    "feature/x",
+    "@",
+    "HEADx",
+    "é",
+    "--help",
+    "-x",
+    "HEAD",
+    "a..b",
+    "a/.b",
+    ".a",
+    "x.lock",
+    "a/x.lock/b",
+    "@{-1}",
+    "a@{b",
+    "a b",
+    "a\tb",
+    "a~1",
+    "a^",
+    "a:b",
+    "a?",
+    "a*",
+    "a[b",
+    "a\\b",
+    "a.",
+    "/a",
+    "a/",
+    "a//b",
+    "",
+    "a\x7f",
+  ];
   for (const name of names) assert.equal(isBranchName(name), gitAccepts(name), JSON.stringify(name));
   assert.equal(isBranchName("a\0b"), false, "git never sees a NUL: it ends the argument");
 });

@@ -25,10 +25,18 @@ async function main(): Promise<void> {
       { name: "mount-owner", help: "the mount owner's socket, unix:///path/mount-owner.sock", required: true },
       { name: "node-id", help: "this node's name, answered by NodeGetInfo", default: process.env.NODE_NAME ?? "" },
       { name: "mode", help: `which CSI services to serve: ${MODES.join(", ")} (standalone serves Controller and Node together, for running with no cluster)`, default: "node" },
-      { name: "registration-dir", help: "register with the kubelet by serving its plugin registration API in this directory (<kubelet root>/plugins_registry as mounted here); empty: a node-driver-registrar sidecar registers the driver", default: "" },
+      {
+        name: "registration-dir",
+        help: "register with the kubelet by serving its plugin registration API in this directory (<kubelet root>/plugins_registry as mounted here); empty: a node-driver-registrar sidecar registers the driver",
+        default: "",
+      },
       { name: "kubelet-registration-path", help: "the CSI socket's path on the node, as the kubelet dials it; required with --registration-dir", default: "" },
       { name: "health-address", help: "serve GET /healthz (200 when CSI Probe is ready) on host:port, for the kubelet's liveness probe; empty: a livenessprobe sidecar does", default: "" },
-      { name: "kubeconfig", help: "kubeconfig of the API server whose PersistentVolumes the controller consults for volumes it holds no record of; empty: the pod's service account in a cluster, none outside one", default: "" },
+      {
+        name: "kubeconfig",
+        help: "kubeconfig of the API server whose PersistentVolumes the controller consults for volumes it holds no record of; empty: the pod's service account in a cluster, none outside one",
+        default: "",
+      },
     ],
   );
   const mode = flags.mode as Mode;

@@ -10,7 +10,9 @@ const TIMEOUT_MS = 60_000;
 export function nodeService(nodeId: string, owner: mountOwner.MountOwnerClient, logger: Logger): Partial<csi.NodeServer> {
   return {
     nodeGetCapabilities: unary("node_get_capabilities", logger, async () => ({
-      capabilities: [csi.NodeServiceCapability_RPC_Type.STAGE_UNSTAGE_VOLUME, csi.NodeServiceCapability_RPC_Type.SINGLE_NODE_MULTI_WRITER, csi.NodeServiceCapability_RPC_Type.VOLUME_MOUNT_GROUP].map((type) => ({ rpc: { type } })),
+      capabilities: [csi.NodeServiceCapability_RPC_Type.STAGE_UNSTAGE_VOLUME, csi.NodeServiceCapability_RPC_Type.SINGLE_NODE_MULTI_WRITER, csi.NodeServiceCapability_RPC_Type.VOLUME_MOUNT_GROUP].map(
+        (type) => ({ rpc: { type } }),
+      ),
     })),
 
     nodeGetInfo: unary("node_get_info", logger, async () => ({ nodeId, maxVolumesPerNode: 0, accessibleTopology: undefined })),
@@ -43,11 +45,7 @@ export function nodeService(nodeId: string, owner: mountOwner.MountOwnerClient, 
       const pod = podOf(request.volumeContext, "volume_context");
       const credential = credentialFrom(request.secrets, "secrets");
       const volumeMountGroup = volumeMountGroupOf(request.volumeCapability, "volume_capability");
-      await call(
-        owner.publishVolume.bind(owner),
-        { volumeId, stagingPath, targetPath, readonly: request.readonly, accessMode, credential, pod, volumeMountGroup },
-        TIMEOUT_MS,
-      );
+      await call(owner.publishVolume.bind(owner), { volumeId, stagingPath, targetPath, readonly: request.readonly, accessMode, credential, pod, volumeMountGroup }, TIMEOUT_MS);
       return {};
     }),
 

@@ -43,7 +43,5 @@ export function registrationService(r: Registration, logger: Logger): pluginRegi
 
 /** Serves the registration socket; the kubelet registers the driver within a second or so. */
 export function serveRegistration(r: Registration, logger: Logger): Promise<Server> {
-  return serveUnix(registrationSocket(r.registrationDir), [
-    { definition: pluginRegistration.RegistrationService, implementation: registrationService(r, logger) },
-  ]);
+  return serveUnix(registrationSocket(r.registrationDir), [{ definition: pluginRegistration.RegistrationService, implementation: registrationService(r, logger) }]);
 }

@@ -102,7 +102,16 @@ export async function endOrphanedAgents(socketDir: string): Promise<number> {
 async function startAgent(socket: string, privateKey: string): Promise<ChildProcess> {
   await fs.rm(socket, { force: true });
   const agent = spawn("ssh-agent", ["-D", "-a", socket], { stdio: "ignore" });
-  for (let i = 0; i < 100 && !(await fs.stat(socket).then(() => true, () => false)); i++) await new Promise((r) => setTimeout(r, 20));
+  for (
+    let i = 0;
+    i < 100 &&
+    !(await fs.stat(socket).then(
+      () => true,
+      () => false,
+    ));
+    i++
+  )
+    await new Promise((r) => setTimeout(r, 20));
   await new Promise<void>((resolve, reject) => {
     const add = spawn("ssh-add", ["-q", "-"], { env: { PATH: process.env.PATH ?? "/usr/bin:/bin", SSH_AUTH_SOCK: socket }, stdio: ["pipe", "ignore", "pipe"] });
     let stderr = "";

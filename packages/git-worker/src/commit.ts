@@ -141,7 +141,11 @@ export class VolumeCommitter {
     for (const p of asked) if (!tooLarge.has(p)) skipped.delete(p);
     for (const [p, size] of tooLarge) {
       if (!skipped.has(p)) {
-        this.report.emit(Reason.FileSkipped, "Warning", `${p} is ${size} bytes, over commit.maxFileSize ${this.s.policy!.maxFileSizeBytes}: it is not committed; add it to the class's ignore or raise commit.maxFileSize`);
+        this.report.emit(
+          Reason.FileSkipped,
+          "Warning",
+          `${p} is ${size} bytes, over commit.maxFileSize ${this.s.policy!.maxFileSizeBytes}: it is not committed; add it to the class's ignore or raise commit.maxFileSize`,
+        );
       }
       skipped.set(p, size);
     }

@@ -70,12 +70,7 @@ export function logGitTo(logger: Logger): void {
  * configuration (common since git made submodules ask for it) would win over
  * protocol.allow.
  */
-const REMOTE_ONLY = [
-  "protocol.allow=never",
-  "protocol.file.allow=never",
-  "protocol.ext.allow=never",
-  ...REMOTE_TRANSPORTS.map((transport) => `protocol.${transport}.allow=always`),
-];
+const REMOTE_ONLY = ["protocol.allow=never", "protocol.file.allow=never", "protocol.ext.allow=never", ...REMOTE_TRANSPORTS.map((transport) => `protocol.${transport}.allow=always`)];
 
 /** git run in an existing directory, with a clean environment: no prompt ever waits for a terminal. */
 export function gitIn(cwd: string, env: Record<string, string>, config: string[] = []): SimpleGit {

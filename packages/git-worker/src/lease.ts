@@ -1,10 +1,23 @@
 import { gitWorker } from "@git-csi/protos";
 import type { SimpleGit } from "simple-git";
-import { type Decision, decideClaim, type Refusal, type Refused, decideRelease, decideRenew, describeRefusal, formatRecord, type Holder, type OwnerRecord, parseRecord, RecordError, serveUntil } from "./ownership";
+import {
+  type Decision,
+  decideClaim,
+  type Refusal,
+  type Refused,
+  decideRelease,
+  decideRenew,
+  describeRefusal,
+  formatRecord,
+  type Holder,
+  type OwnerRecord,
+  parseRecord,
+  RecordError,
+  serveUntil,
+} from "./ownership";
 import { type Fence, fetchOwner, type PushResult, pushUpdates, RemoteError } from "./remote";
 import { ownerRef, upstreamOwnerRef } from "./store";
 import { authorEnv, runGit } from "./git";
-
 
 /** The ownership rules' refusals as the worker API says them. */
 const REFUSALS: Record<Refusal, gitWorker.LeaseRefusal> = {

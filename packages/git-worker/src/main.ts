@@ -18,7 +18,9 @@ import { logGitTo } from "./git";
 function serialCollector(store: Store, logger: Logger, perRepository: KeyedSerial): () => Promise<void> {
   let running: Promise<void> = Promise.resolve();
   return () => {
-    running = running.then(() => collectGarbage(store, logger, (repoDir, work) => perRepository.run(repoDir, work))).catch((err: Error) => {
+    running = running
+      .then(() => collectGarbage(store, logger, (repoDir, work) => perRepository.run(repoDir, work)))
+      .catch((err: Error) => {
         logger.error(`collecting the git store failed: ${err.message}`, { operation: "gc" });
       });
     return running;
@@ -32,7 +34,11 @@ async function main(): Promise<void> {
     { name: "gc-interval", help: "how often to collect the node's git store: refs no volume follows, repositories no tree names, git gc", default: "1h" },
     { name: "metrics-address", help: "host:port of the /metrics listener and the per-volume reports at /volumes/<volume>; empty for none", default: "" },
     { name: "node-id", help: "this node's name, the reporting instance of its events", default: process.env.NODE_NAME ?? "" },
-    { name: "kubeconfig", help: "kubeconfig of the API server that receives the volumes' events on their pods and claims; empty: the pod's service account in a cluster, none outside one", default: "" },
+    {
+      name: "kubeconfig",
+      help: "kubeconfig of the API server that receives the volumes' events on their pods and claims; empty: the pod's service account in a cluster, none outside one",
+      default: "",
+    },
   ]);
   const logger = createLogger("git-worker");
   logGitTo(logger);
@@ -43,7 +49,10 @@ async function main(): Promise<void> {
   if (orphans > 0) logger.warn(`ended ${orphans} ssh-agent(s) a previous git worker left holding keys`, { operation: "startup" });
   const recovered = await recoverFromKill(store);
   if (recovered.ended > 0 || recovered.locks.length > 0) {
-    logger.warn(`a previous git worker was killed: ended ${recovered.ended} git process(es) it left and removed ${recovered.locks.length} lock file(s)`, { operation: "startup", locks: recovered.locks });
+    logger.warn(`a previous git worker was killed: ended ${recovered.ended} git process(es) it left and removed ${recovered.locks.length} lock file(s)`, {
+      operation: "startup",
+      locks: recovered.locks,
+    });
   }
   const broker = new CredentialBroker(path.join(store.socketDir(), "credentials.sock"));
   await broker.start();
@@ -54,7 +63,9 @@ async function main(): Promise<void> {
   const gcIntervalMs = parseDuration(flags["gc-interval"]!);
   if (gcIntervalMs === undefined) throw new UsageError(`git-worker: --gc-interval ${flags["gc-interval"]} must be a duration such as 1h`);
   const gcTimer = setInterval(() => void collect(), gcIntervalMs);
-  const server = await serveUnix(flags.listen!, [{ definition: gitWorker.GitWorkerService, implementation: gitWorkerService({ store, syncs, broker, metrics, logger, perRepository, collect, events }) }]);
+  const server = await serveUnix(flags.listen!, [
+    { definition: gitWorker.GitWorkerService, implementation: gitWorkerService({ store, syncs, broker, metrics, logger, perRepository, collect, events }) },
+  ]);
   let listener: http.Server | undefined;
   if (flags["metrics-address"]) {
     listener = await serveMetrics(flags["metrics-address"], metrics, [

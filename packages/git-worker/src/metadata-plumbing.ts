@@ -192,7 +192,11 @@ export async function writeMetadataCommit(gitDir: string, indexFile: string, aut
   await fs.mkdir(near, { recursive: true });
   const scratch = await fs.mkdtemp(path.join(near, ".metadata-"));
   try {
-    const oids = await writeBlobs(git, scratch, writes.map((w) => w.text));
+    const oids = await writeBlobs(
+      git,
+      scratch,
+      writes.map((w) => w.text),
+    );
     // The index is the caller's own and rebuilt from base: a lock left by a crash is stale.
     await fs.rm(`${indexFile}.lock`, { force: true });
     await runGit(git, base === "" ? ["read-tree", "--empty"] : ["read-tree", base]);

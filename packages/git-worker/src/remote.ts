@@ -6,7 +6,6 @@ import { gitMessage, runGit } from "./git";
 
 export type FetchResult = "fetched" | "missing";
 
-
 export class RemoteError extends Error {}
 
 /** refs/git-csi/metadata as a glob: a remote without it is no error, and --prune drops the node's stale view. */

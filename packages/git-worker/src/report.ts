@@ -53,11 +53,17 @@ export class VolumeReporter {
 
   private postOnClaim(event: gitWorker.VolumeEvent): void {
     const claim = this.s.claim;
-    this.s.ctx.events?.record({ kind: "PersistentVolumeClaim", namespace: claim.namespace, name: claim.name, uid: claim.uid || undefined }, event.type as EventType, event.reason as ReasonName, event.message);
+    this.s.ctx.events?.record(
+      { kind: "PersistentVolumeClaim", namespace: claim.namespace, name: claim.name, uid: claim.uid || undefined },
+      event.type as EventType,
+      event.reason as ReasonName,
+      event.message,
+    );
   }
 
   private postOnPods(event: gitWorker.VolumeEvent): void {
-    for (const pod of this.s.pods) this.s.ctx.events?.record({ kind: "Pod", namespace: pod.namespace, name: pod.name, uid: pod.uid || undefined }, event.type as EventType, event.reason as ReasonName, event.message);
+    for (const pod of this.s.pods)
+      this.s.ctx.events?.record({ kind: "Pod", namespace: pod.namespace, name: pod.name, uid: pod.uid || undefined }, event.type as EventType, event.reason as ReasonName, event.message);
   }
 
   fail(operation: string, err: unknown): void {

@@ -69,7 +69,13 @@ export function gitWorkerService(deps: GitWorkerDeps): gitWorker.GitWorkerServer
     renewMount: unary("renew_mount", logger, async (request: gitWorker.RenewMountRequest) => {
       const sync = syncOf(required(request.volumeId, "volume_id"));
       const epoch = required(request.epoch, "epoch");
-      if (sync.epoch !== epoch) return { held: false, serveUntilUnixMs: 0, refusal: gitWorker.LeaseRefusal.LEASE_REFUSAL_SUPERSEDED, message: `this node serves volume ${request.volumeId} with a later mount epoch than the one renewing` };
+      if (sync.epoch !== epoch)
+        return {
+          held: false,
+          serveUntilUnixMs: 0,
+          refusal: gitWorker.LeaseRefusal.LEASE_REFUSAL_SUPERSEDED,
+          message: `this node serves volume ${request.volumeId} with a later mount epoch than the one renewing`,
+        };
       return sync.renewMount();
     }),
 

@@ -43,11 +43,15 @@ export async function prepareTree(store: Store, volumeId: string, source: gitcsi
   const fetched =
     credentialMissing && hasTree
       ? "skipped"
-      : await access.run((remote) => fetchBranch(store.repo(source.url, remote), branch)).catch((err: Error) => {
-          throw unavailable(`${err.message} (${source.url})`);
-        });
+      : await access
+          .run((remote) => fetchBranch(store.repo(source.url, remote), branch))
+          .catch((err: Error) => {
+            throw unavailable(`${err.message} (${source.url})`);
+          });
   if (hasTree && !hasGitDir) {
-    throw failedPrecondition(`volume ${volumeId} has a work tree on this node that follows another repository than ${source.url}; give the volume a new volumeHandle, or delete the old PersistentVolume with reclaim policy Delete`);
+    throw failedPrecondition(
+      `volume ${volumeId} has a work tree on this node that follows another repository than ${source.url}; give the volume a new volumeHandle, or delete the old PersistentVolume with reclaim policy Delete`,
+    );
   }
   if (!hasTree) {
     if (fetched !== "fetched") throw missingRef(source.url, branch);

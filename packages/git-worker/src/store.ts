@@ -60,11 +60,9 @@ export class Store {
    * repository's own .gitignore.
    */
   tree(url: string, volumeId: string, env: Record<string, string> = {}): SimpleGit {
-    return gitAt(
-      this.treeDir(volumeId),
-      { GIT_DIR: this.treeGitDir(url, volumeId), GIT_WORK_TREE: this.treeDir(volumeId), GIT_LITERAL_PATHSPECS: "1", ...env },
-      [`core.excludesFile=${this.excludesFile(volumeId)}`],
-    );
+    return gitAt(this.treeDir(volumeId), { GIT_DIR: this.treeGitDir(url, volumeId), GIT_WORK_TREE: this.treeDir(volumeId), GIT_LITERAL_PATHSPECS: "1", ...env }, [
+      `core.excludesFile=${this.excludesFile(volumeId)}`,
+    ]);
   }
 
   /** git in the scratch worktree. */

@@ -129,7 +129,13 @@ export class VolumeSync {
     const treeDir = this.s.treeDir;
     const snapshot = this.snapshotFile();
     const saved = await this.readSavedPending();
-    if (saved && (await fs.stat(snapshot).then(() => true, () => false))) {
+    if (
+      saved &&
+      (await fs.stat(snapshot).then(
+        () => true,
+        () => false,
+      ))
+    ) {
       for (const p of saved) this.s.changed.add(p);
       const since = await watcher.getEventsSince(treeDir, snapshot);
       for (const event of since) this.committer.noteChange(path.relative(treeDir, event.path));
@@ -216,7 +222,11 @@ export class VolumeSync {
     this.s.className = volumeClass?.name ?? "";
     if (policy) {
       const name = this.s.className ? `class ${this.s.className}` : "its class";
-      this.reporter.emit(Reason.Armed, "Normal", `armed by ${name}: commits after ${formatDuration(policy.quiesceMs)} of quiet, pushes within ${formatDuration(policy.maxLatencyMs)}, as ${policy.author.name} <${policy.author.email}>`);
+      this.reporter.emit(
+        Reason.Armed,
+        "Normal",
+        `armed by ${name}: commits after ${formatDuration(policy.quiesceMs)} of quiet, pushes within ${formatDuration(policy.maxLatencyMs)}, as ${policy.author.name} <${policy.author.email}>`,
+      );
     } else if (wasArmed) {
       this.reporter.emit(Reason.Unarmed, "Normal", "unarmed: the claim names no class; the driver reports what it would commit and commits nothing");
     }
@@ -257,7 +267,11 @@ export class VolumeSync {
     const offered = fingerprint(data);
     // Until a publish passes, every publish is the first: the kubelet's retry of a refused one is refused too.
     if (!this.published && this.ctx.stageFingerprint !== "" && offered !== "" && offered !== this.ctx.stageFingerprint) {
-      this.reporter.emit(Reason.Refused, "Warning", "the publish Secret differs from the stage Secret: the driver cannot choose between two credentials for one volume; name one Secret in both nodeStageSecretRef and nodePublishSecretRef");
+      this.reporter.emit(
+        Reason.Refused,
+        "Warning",
+        "the publish Secret differs from the stage Secret: the driver cannot choose between two credentials for one volume; name one Secret in both nodeStageSecretRef and nodePublishSecretRef",
+      );
       throw failedPrecondition(`volume ${this.ctx.volumeId}: the publish Secret differs from the stage Secret; name one Secret in both nodeStageSecretRef and nodePublishSecretRef`);
     }
     this.published = true;
@@ -290,7 +304,11 @@ export class VolumeSync {
 
   private warnIfHostKeyUnverified(): void {
     if (!this.s.access.hostKeyVerified) {
-      this.reporter.emit(Reason.HostKeyUnverified, "Warning", "the volume's ssh Secret has no known_hosts: the server's host key was trusted on first sight; add known_hosts to the Secret to check it");
+      this.reporter.emit(
+        Reason.HostKeyUnverified,
+        "Warning",
+        "the volume's ssh Secret has no known_hosts: the server's host key was trusted on first sight; add known_hosts to the Secret to check it",
+      );
     }
   }
 

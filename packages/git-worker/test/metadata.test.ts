@@ -84,7 +84,10 @@ function changedBlobs(f: Fixture, from: string, to: string): string[] {
 }
 
 function blobCount(f: Fixture): number {
-  return f.git(["cat-file", "--batch-all-objects", "--batch-check"]).split("\n").filter((l) => / blob /.test(l)).length;
+  return f
+    .git(["cat-file", "--batch-all-objects", "--batch-check"])
+    .split("\n")
+    .filter((l) => / blob /.test(l)).length;
 }
 
 /** The sample tree: odd modes, owners, empty directories, a symlink, and a .git file that is never recorded. */
@@ -120,7 +123,10 @@ test("branch names and keys", () => {
   const root = createHash("sha1").update("").digest("hex");
   assert.equal(listingKey(""), `${root.slice(0, 2)}/${root}`);
   assert.equal(listingPath("feature/x", "a/b"), `feature%2Fx/${listingKey("a/b")}`);
-  assert.equal(formatListing("a", [entry("z", "file", 0o644), entry("B", "dir", 0o755, 1, 2)]), '{"dir":"a"}\n{"name":"B","type":"dir","mode":493,"uid":1,"gid":2}\n{"name":"z","type":"file","mode":420,"uid":0,"gid":0}\n');
+  assert.equal(
+    formatListing("a", [entry("z", "file", 0o644), entry("B", "dir", 0o755, 1, 2)]),
+    '{"dir":"a"}\n{"name":"B","type":"dir","mode":493,"uid":1,"gid":2}\n{"name":"z","type":"file","mode":420,"uid":0,"gid":0}\n',
+  );
 });
 
 test("a record lists modes, owners, empty directories and symlinks, one blob per directory", async () => {
@@ -201,7 +207,10 @@ test("a deleted directory drops its listing and every listing below it", async (
   assert.equal(listing(f, second, "main", "deep"), undefined);
   assert.equal(listing(f, second, "main", "deep/er"), undefined);
   assert.deepEqual(changedBlobs(f, first, second), [listingPath("main", ""), listingPath("main", "deep"), listingPath("main", "deep/er")].sort());
-  assert.equal(listing(f, second, "main", "")?.entries.some((e) => e.name === "deep"), false);
+  assert.equal(
+    listing(f, second, "main", "")?.entries.some((e) => e.name === "deep"),
+    false,
+  );
 
   // A rename is a directory that vanished and one that appeared, whichever paths the watcher names.
   await fs.rename(path.join(f.tree, "bin"), path.join(f.tree, "tools"));
@@ -233,7 +242,10 @@ test("a new directory is recorded with its ancestors from one deep path, per bra
   // Another branch lives beside main in the same commit and leaves main's listings alone.
   const third = await record(f, second, ["README"], "feature/x");
   assert.deepEqual(f.git(["ls-tree", "--name-only", third]).trim().split("\n"), ["feature%2Fx", "main"]);
-  assert.deepEqual(changedBlobs(f, second, third).filter((p) => p.startsWith("main/")), []);
+  assert.deepEqual(
+    changedBlobs(f, second, third).filter((p) => p.startsWith("main/")),
+    [],
+  );
   assert.deepEqual(listing(f, third, "feature/x", "new/a")?.entries, [entry("b", "dir", 0o755 & ~process.umask())]);
 });
 
@@ -259,7 +271,7 @@ test("ignored paths are not recorded when the tree's git is given", async () => 
   const { f, wt, treeGit } = await ignoringFixture();
   await file(path.join(f.tree, "conf.yaml"), 0o600);
   await file(path.join(f.tree, "app.log"), 0o600);
-  await file(path.join(f.tree, "é \"q\".log"), 0o600);
+  await file(path.join(f.tree, 'é "q".log'), 0o600);
   await file(path.join(f.tree, "tracked.log"), 0o640);
   await file(path.join(f.tree, ":colon.log"), 0o600);
   await file(path.join(f.tree, ":conf"), 0o600);
@@ -267,7 +279,10 @@ test("ignored paths are not recorded when the tree's git is given", async () => 
   await file(path.join(f.tree, "data/.storage/db"), 0o600);
   f.git(["add", "-f", "tracked.log"], { GIT_DIR: wt, GIT_WORK_TREE: f.tree });
   const commit = await record(f, "", ["conf.yaml", "app.log", ".storage/db", "data/.storage/db"], "main", treeGit);
-  assert.deepEqual(listing(f, commit, "main", "")?.entries.map((e) => e.name), [":conf", "conf.yaml", "data", "tracked.log"]);
+  assert.deepEqual(
+    listing(f, commit, "main", "")?.entries.map((e) => e.name),
+    [":conf", "conf.yaml", "data", "tracked.log"],
+  );
   assert.equal(listing(f, commit, "main", "data"), undefined);
   assert.equal(listing(f, commit, "main", ".storage"), undefined);
 
@@ -285,7 +300,10 @@ test("ignored paths are not recorded either when a first record asks about more 
   await file(path.join(f.tree, "bulk/.storage/db"), 0o600);
   f.git(["add", "-f", "tracked.log"], { GIT_DIR: wt, GIT_WORK_TREE: f.tree });
   const commit = await record(f, "", [""], "main", treeGit);
-  assert.deepEqual(listing(f, commit, "main", "")?.entries.map((e) => e.name), ["bulk", "tracked.log"]);
+  assert.deepEqual(
+    listing(f, commit, "main", "")?.entries.map((e) => e.name),
+    ["bulk", "tracked.log"],
+  );
   const bulk = listing(f, commit, "main", "bulk")?.entries.map((e) => e.name) ?? [];
   assert.equal(bulk.length, 600);
   assert.ok(!bulk.includes("noise.log") && !bulk.includes(".storage"));
@@ -378,21 +396,7 @@ test("hostile listings are refused and logged while the good entries still apply
   const result = await replayMetadata({ repo: f.repo, treeDir: f.tree, branch: "main", metadata: commit, log: (m, fields) => logs.push([m, fields]) });
   assert.deepEqual(
     [...result.refused].sort(),
-    [
-      "..",
-      ".:10",
-      ".git",
-      "../outside",
-      "a/b",
-      "absurd",
-      "fifo",
-      "gooddir",
-      "link",
-      "link/sub",
-      "negative",
-      outside,
-      "refs/git-csi/metadata:main/not-a-key",
-    ].sort(),
+    ["..", ".:10", ".git", "../outside", "a/b", "absurd", "fifo", "gooddir", "link", "link/sub", "negative", outside, "refs/git-csi/metadata:main/not-a-key"].sort(),
   );
   const refusals = logs.filter(([m]) => m === "refused a metadata entry").map(([, fields]) => fields.path);
   assert.deepEqual([...refusals].sort(), [...result.refused].sort(), "each refusal is logged once");
@@ -441,7 +445,10 @@ test("the cost follows the change: one changed file among 2,000 writes one blob"
   const second = await record(f, first, ["d07/f042"]);
   assert.equal(blobCount(f) - before, 1, "exactly one new blob");
   assert.deepEqual(changedBlobs(f, first, second), [listingPath("main", "d07")]);
-  assert.deepEqual(listing(f, second, "main", "d07")?.entries.find((e) => e.name === "f042"), entry("f042", "file", 0o600));
+  assert.deepEqual(
+    listing(f, second, "main", "d07")?.entries.find((e) => e.name === "f042"),
+    entry("f042", "file", 0o600),
+  );
 
   // A new file in a known directory: again one blob.
   const before2 = blobCount(f);
@@ -455,7 +462,14 @@ test("a base listing that breaks the rules is written clean when its directory c
   const f = await fixture();
   await file(path.join(f.tree, "a"), 0o644);
   await file(path.join(f.tree, "b"), 0o600);
-  const bad = [JSON.stringify({ dir: "" }), JSON.stringify(entry("a", "file", 0o644)), JSON.stringify({ ...entry("..", "file", 0o777) }), JSON.stringify({ ...entry("x", "file", 0o177777) }), "junk", ""].join("\n");
+  const bad = [
+    JSON.stringify({ dir: "" }),
+    JSON.stringify(entry("a", "file", 0o644)),
+    JSON.stringify({ ...entry("..", "file", 0o777) }),
+    JSON.stringify({ ...entry("x", "file", 0o177777) }),
+    "junk",
+    "",
+  ].join("\n");
   const env = { GIT_INDEX_FILE: path.join(f.dir, "bad.index"), GIT_AUTHOR_NAME: "x", GIT_AUTHOR_EMAIL: "x@x", GIT_COMMITTER_NAME: "x", GIT_COMMITTER_EMAIL: "x@x" };
   const oid = f.git(["hash-object", "-w", "--stdin"], env, bad).trim();
   f.git(["read-tree", "--empty"], env);

@@ -55,10 +55,7 @@ test("claim, renew and release follow spec 000", () => {
  * A restart claims the epoch the node serves again, as the mount owner does
  * for a git worker that restarted; a lost epoch is never handed over.
  */
-type Op =
-  | { kind: "advance"; ms: number }
-  | { kind: "skew"; node: number; ms: number }
-  | { kind: "claim" | "restart" | "renew" | "push" | "write" | "unstage"; node: number };
+type Op = { kind: "advance"; ms: number } | { kind: "skew"; node: number; ms: number } | { kind: "claim" | "restart" | "renew" | "push" | "write" | "unstage"; node: number };
 
 interface Session {
   holder: Holder;

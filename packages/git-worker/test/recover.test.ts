@@ -38,7 +38,19 @@ test("a worker that starts after a killed one ends the git it left and removes i
     assert.equal(running(left), false, "the left git is ended");
     assert.equal(running(other), true, "another state directory's git runs on");
     // The repository takes commands again.
-    execFileSync("git", ["update-ref", "refs/heads/main", execFileSync("git", ["commit-tree", "-m", "x", "4b825dc642cb6eb9a060e54bf8d69288fbee4904"], { env: { ...process.env, GIT_DIR: repo, GIT_AUTHOR_NAME: "a", GIT_AUTHOR_EMAIL: "a@x", GIT_COMMITTER_NAME: "a", GIT_COMMITTER_EMAIL: "a@x" } }).toString().trim()], { env: { ...process.env, GIT_DIR: repo } });
+    execFileSync(
+      "git",
+      [
+        "update-ref",
+        "refs/heads/main",
+        execFileSync("git", ["commit-tree", "-m", "x", "4b825dc642cb6eb9a060e54bf8d69288fbee4904"], {
+          env: { ...process.env, GIT_DIR: repo, GIT_AUTHOR_NAME: "a", GIT_AUTHOR_EMAIL: "a@x", GIT_COMMITTER_NAME: "a", GIT_COMMITTER_EMAIL: "a@x" },
+        })
+          .toString()
+          .trim(),
+      ],
+      { env: { ...process.env, GIT_DIR: repo } },
+    );
   } finally {
     left.kill("SIGKILL");
     other.kill("SIGKILL");

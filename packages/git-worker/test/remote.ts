@@ -15,8 +15,7 @@ export async function tempDir(t: TestContext, name: string): Promise<string> {
 
 /** git in a repository, synchronously, outside the worker: the test's own view of it. */
 export function gitAt(gitDir: string, home: string): (...args: string[]) => string {
-  return (...args) =>
-    execFileSync("git", args, { env: { PATH: process.env.PATH, HOME: home, GIT_DIR: gitDir, ...AUTHOR }, encoding: "utf8", stdio: ["ignore", "pipe", "pipe"] }).trim();
+  return (...args) => execFileSync("git", args, { env: { PATH: process.env.PATH, HOME: home, GIT_DIR: gitDir, ...AUTHOR }, encoding: "utf8", stdio: ["ignore", "pipe", "pipe"] }).trim();
 }
 
 /**

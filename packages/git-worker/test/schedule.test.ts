@@ -130,7 +130,10 @@ test("a commit holding changes starts the latency bound from the commit when no 
 });
 
 test("failures retry with doubling backoff from 5 s, capped by push.maxLatency, and a new failure replaces the retry", () => {
-  assert.deepEqual([1, 2, 3, 4].map((n) => retryDelay(n, 60_000)), [5_000, 10_000, 20_000, 40_000]);
+  assert.deepEqual(
+    [1, 2, 3, 4].map((n) => retryDelay(n, 60_000)),
+    [5_000, 10_000, 20_000, 40_000],
+  );
   assert.equal(retryDelay(5, 60_000), 60_000, "never beyond push.maxLatency");
   assert.equal(retryDelay(40, 10 * 60_000), RETRY_MIN_MS * 2 ** 6, "the doubling stops at the seventh failure");
   assert.equal(retryDelay(3, undefined), RETRY_MIN_MS, "unarmed: the minimum");

@@ -52,18 +52,25 @@ test("git itself refuses a local path, file:// and helper transports in every gi
   }
   // The volume's work tree and its scratch tree run git with the same settings.
   await fs.mkdir(store.scratchDir(VOLUME), { recursive: true });
-  for (const [name, git] of [["tree", store.tree(remote.url, VOLUME)], ["scratch", store.scratch(VOLUME)]] as const) {
+  for (const [name, git] of [
+    ["tree", store.tree(remote.url, VOLUME)],
+    ["scratch", store.scratch(VOLUME)],
+  ] as const) {
     await assert.rejects(git.raw(["ls-remote", `file://${neighbour}`]), REFUSED_TRANSPORT, `ls-remote in the ${name}`);
   }
   assert.equal(await exists(marker), false, "ext:: ran its command");
   // A user's configuration that allows file and ext, as many developers' does, changes nothing.
   const home = await tempDir(t, "home");
-  await fs.writeFile(path.join(home, ".gitconfig"), "[protocol \"file\"]\n\tallow = always\n[protocol \"ext\"]\n\tallow = always\n");
+  await fs.writeFile(path.join(home, ".gitconfig"), '[protocol "file"]\n\tallow = always\n[protocol "ext"]\n\tallow = always\n');
   const ownHome = process.env.HOME;
   process.env.HOME = home;
   try {
     for (const url of [`file://${neighbour}`, `ext::sh -c touch% ${marker}`]) {
-      await assert.rejects(access.run((options) => fetchBranch(store.repo(url, options), "main")), REFUSED_TRANSPORT, `with file and ext allowed in ~/.gitconfig, a fetch from ${url}`);
+      await assert.rejects(
+        access.run((options) => fetchBranch(store.repo(url, options), "main")),
+        REFUSED_TRANSPORT,
+        `with file and ext allowed in ~/.gitconfig, a fetch from ${url}`,
+      );
     }
   } finally {
     process.env.HOME = ownHome;

@@ -113,8 +113,7 @@ export class ClassWatch {
     const ref = volume.spec?.claimRef;
     const claim = ref?.name && ref.namespace ? this.claims!.get(ref.name, ref.namespace) : undefined;
     // A claim of the same name that is not the one this volume is bound to (recreated, or bound elsewhere) does not count.
-    const bound =
-      claim && (!ref?.uid || ref.uid === claim.metadata?.uid) && (!claim.spec?.volumeName || claim.spec.volumeName === volume.metadata?.name) ? claim : undefined;
+    const bound = claim && (!ref?.uid || ref.uid === claim.metadata?.uid) && (!claim.spec?.volumeName || claim.spec.volumeName === volume.metadata?.name) ? claim : undefined;
     if (!bound) return { claim: undefined, volumeClass: undefined, reclaimPolicy, deleted: false };
     const className = bound.spec?.volumeAttributesClassName;
     const found = className ? this.classes!.get(className) : undefined;

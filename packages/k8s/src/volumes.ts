@@ -27,7 +27,7 @@ export interface PersistentVolumeInfo {
 export async function findPersistentVolume(kubeConfig: KubeConfig, volumeHandle: string): Promise<PersistentVolumeInfo | undefined> {
   const { CoreV1Api } = await clientNode();
   const api = kubeConfig.makeApiClient(CoreV1Api);
-  for (let _continue: string | undefined; ; ) {
+  for (let _continue: string | undefined; ;) {
     const page = await api.listPersistentVolume({ limit: 500, _continue });
     const found = page.items.find((pv) => pv.spec?.csi?.driver === DRIVER_NAME && pv.spec.csi.volumeHandle === volumeHandle);
     if (found) return { name: found.metadata?.name ?? "", accessModes: found.spec?.accessModes ?? [] };

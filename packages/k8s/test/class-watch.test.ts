@@ -18,14 +18,17 @@ async function closedPort(): Promise<number> {
 test("an unreachable API server: each watch retries with a doubling delay, start() waits, stop() ends it all", async () => {
   const dir = await fs.mkdtemp(path.join(os.tmpdir(), "git-csi-k8s-"));
   const kubeconfig = path.join(dir, "kubeconfig");
-  await fs.writeFile(kubeconfig, JSON.stringify({
-    apiVersion: "v1",
-    kind: "Config",
-    clusters: [{ name: "c", cluster: { server: `http://127.0.0.1:${await closedPort()}` } }],
-    users: [{ name: "u", user: {} }],
-    contexts: [{ name: "ctx", context: { cluster: "c", user: "u" } }],
-    "current-context": "ctx",
-  }));
+  await fs.writeFile(
+    kubeconfig,
+    JSON.stringify({
+      apiVersion: "v1",
+      kind: "Config",
+      clusters: [{ name: "c", cluster: { server: `http://127.0.0.1:${await closedPort()}` } }],
+      users: [{ name: "u", user: {} }],
+      contexts: [{ name: "ctx", context: { cluster: "c", user: "u" } }],
+      "current-context": "ctx",
+    }),
+  );
   const retries: Array<{ message: string; retryInMs: number }> = [];
   const logger = { warn: (message: string, meta: { retryInMs: number }) => retries.push({ message, retryInMs: meta.retryInMs }) } as unknown as ClassWatchOptions["logger"];
   const watch = new ClassWatch({ kubeConfig: await loadKubeConfig({ kubeconfig }), logger, onVolume: () => assert.fail("no volume without an API server"), backoff: { initialMs: 50, maxMs: 200 } });

@@ -58,7 +58,13 @@ test("KUBECONFIG and ~/.kube/config are the fallback outside a cluster", async (
 });
 
 test("in a pod without its service account token, the error says which file is missing", async (t) => {
-  if (await fs.stat("/var/run/secrets/kubernetes.io/serviceaccount/token").then(() => true, () => false)) return t.skip("this machine has a service account token");
+  if (
+    await fs.stat("/var/run/secrets/kubernetes.io/serviceaccount/token").then(
+      () => true,
+      () => false,
+    )
+  )
+    return t.skip("this machine has a service account token");
   await isolated();
   process.env.KUBERNETES_SERVICE_HOST = "10.0.0.1";
   process.env.KUBERNETES_SERVICE_PORT = "443";

@@ -36,7 +36,12 @@ export type Operation = (typeof OPERATIONS)[number];
 
 export class OperationMetrics {
   readonly registry = new Registry();
-  private readonly operations = new Counter({ name: "git_csi_operations_total", help: "Mount owner operations by kind: mount_release_deferred (an unstage left the lease to run out), stale_epoch_refused (a read or write of a mount whose epoch no longer holds the volume)", labelNames: ["operation"], registers: [this.registry] });
+  private readonly operations = new Counter({
+    name: "git_csi_operations_total",
+    help: "Mount owner operations by kind: mount_release_deferred (an unstage left the lease to run out), stale_epoch_refused (a read or write of a mount whose epoch no longer holds the volume)",
+    labelNames: ["operation"],
+    registers: [this.registry],
+  });
 
   constructor() {
     for (const operation of OPERATIONS) this.operations.inc({ operation }, 0);

@@ -24,12 +24,17 @@ async function main(): Promise<void> {
       { name: "lease-duration", help: "how long a mount epoch's claim or renewal lasts (spec 000: 90s)", default: "90s" },
       { name: "lease-renew-interval", help: "how often the mount owner renews each staged volume's lease (spec 000: 20s)", default: "20s" },
       { name: "metrics-address", help: "host:port serving git_csi_operations_total at /metrics; empty for none", default: "" },
-      { name: "kubeconfig", help: "kubeconfig of the API server whose PersistentVolumes, claims and VolumeAttributesClasses arm the node's volumes; empty: the pod's service account in a cluster, none outside one", default: "" },
+      {
+        name: "kubeconfig",
+        help: "kubeconfig of the API server whose PersistentVolumes, claims and VolumeAttributesClasses arm the node's volumes; empty: the pod's service account in a cluster, none outside one",
+        default: "",
+      },
     ],
   );
   const durationMs = durationFlag(flags, "lease-duration");
   const renewMs = durationFlag(flags, "lease-renew-interval");
-  if (renewMs * 2 > durationMs) throw new UsageError(`--lease-renew-interval ${flags["lease-renew-interval"]} must be at most half of --lease-duration ${flags["lease-duration"]}, so one failed renewal does not end the lease`);
+  if (renewMs * 2 > durationMs)
+    throw new UsageError(`--lease-renew-interval ${flags["lease-renew-interval"]} must be at most half of --lease-duration ${flags["lease-duration"]}, so one failed renewal does not end the lease`);
   const logger = createLogger("mount-owner");
   const worker = dialUnix(gitWorker.GitWorkerClient, flags["git-worker"]!);
   const metrics = new OperationMetrics();

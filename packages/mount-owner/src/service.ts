@@ -4,20 +4,7 @@ import { KeyedSerial, parseClassParameters } from "@git-csi/config";
 import type { Logger } from "@git-csi/logging";
 import type { OperationMetrics } from "@git-csi/metrics";
 import { status } from "@grpc/grpc-js";
-import {
-  alreadyExists,
-  call,
-  type CsiError,
-  describeAccessMode,
-  failedPrecondition,
-  gitcsi,
-  gitWorker,
-  mountOwner,
-  notFound,
-  required,
-  unary,
-  unavailable,
-} from "@git-csi/protos";
+import { alreadyExists, call, type CsiError, describeAccessMode, failedPrecondition, gitcsi, gitWorker, mountOwner, notFound, required, unary, unavailable } from "@git-csi/protos";
 import type { EpochFence } from "./fuse/binding";
 import { bindMount, fuseSource, isMountPoint, readMountTable, unmountAll } from "./mounts";
 import { newSession, readSession, removeSession, writeSession } from "./session";
@@ -131,7 +118,15 @@ export function createMountOwner(deps: MountOwnerDeps): MountOwner {
     const claim = watched?.claim ?? existing?.claim;
     const credentialExpected = Object.keys(request.credential?.data ?? {}).length > 0;
     const reclaimPolicy = watched?.reclaimPolicy ?? existing?.reclaimPolicy;
-    const planned: VolumeRecord = { ...(existing ?? { volumeId, source, accessMode: request.accessMode, targets: [] }), stagingPath, volumeClass, claim, reclaimPolicy, credentialExpected, generation: session.generation };
+    const planned: VolumeRecord = {
+      ...(existing ?? { volumeId, source, accessMode: request.accessMode, targets: [] }),
+      stagingPath,
+      volumeClass,
+      claim,
+      reclaimPolicy,
+      credentialExpected,
+      generation: session.generation,
+    };
     // An epoch whose stage once succeeded may have served: it only continues. A pending one never served.
     let tree = await prepare(planned, session.epoch, request.credential, session.completed);
     const refusal = tree.lease?.refusal ?? gitWorker.LeaseRefusal.LEASE_REFUSAL_NONE;
@@ -154,7 +149,14 @@ export function createMountOwner(deps: MountOwnerDeps): MountOwner {
     await fs.mkdir(stagingPath, { recursive: true });
     const epoch = session.epoch;
     const renewal = setInterval(() => void renew(volumeId, epoch), deps.lease.renewMs);
-    const started: LiveSession = { stagingPath, mount: { unmount: async () => undefined, serveUntil: () => undefined, fence: () => undefined }, workerInstance: tree.workerInstance, epoch, serveUntil: tree.lease.serveUntilUnixMs, renewal };
+    const started: LiveSession = {
+      stagingPath,
+      mount: { unmount: async () => undefined, serveUntil: () => undefined, fence: () => undefined },
+      workerInstance: tree.workerInstance,
+      epoch,
+      serveUntil: tree.lease.serveUntilUnixMs,
+      renewal,
+    };
     sessions.set(volumeId, started);
     try {
       started.mount = await deps.mountTree(volumeId, tree.treePath, stagingPath, { serveUntilMs: started.serveUntil, onFenced: (refused) => fenced(volumeId, started, refused) });
@@ -210,7 +212,10 @@ export function createMountOwner(deps: MountOwnerDeps): MountOwner {
       applyLease(volumeId, session, lease);
     } catch (err) {
       // A worker that restarted gets the volume back from watchWorker; a remote that is away may answer the next time.
-      logger.warn(`renew_mount failed; the mount serves until ${new Date(session.serveUntil).toISOString()} unless a renewal succeeds: ${(err as Error).message}`, { volume: volumeId, operation: "renew_mount" });
+      logger.warn(`renew_mount failed; the mount serves until ${new Date(session.serveUntil).toISOString()} unless a renewal succeeds: ${(err as Error).message}`, {
+        volume: volumeId,
+        operation: "renew_mount",
+      });
     }
   }
 
@@ -350,11 +355,14 @@ export function createMountOwner(deps: MountOwnerDeps): MountOwner {
     const { volumeId } = record;
     const flushNow = () => call(worker.flushVolume.bind(worker), { volumeId }, UNSTAGE_FLUSH_BUDGET_MS);
     try {
-      logFlush(volumeId, await flushNow().catch(async (err: CsiError) => {
-        if (err.code !== status.NOT_FOUND || epoch === "") throw err;
-        await prepare(record, epoch, undefined, true);
-        return flushNow();
-      }));
+      logFlush(
+        volumeId,
+        await flushNow().catch(async (err: CsiError) => {
+          if (err.code !== status.NOT_FOUND || epoch === "") throw err;
+          await prepare(record, epoch, undefined, true);
+          return flushNow();
+        }),
+      );
     } catch (err) {
       throw unavailable(
         `volume ${volumeId}: the unstage waits until every write in the node's tree is in a commit, and the git worker could not commit them: ${(err as Error).message}. The writes stay in the tree; the kubelet retries the unstage`,
@@ -403,7 +411,8 @@ export function createMountOwner(deps: MountOwnerDeps): MountOwner {
     await perVolume.run(volumeId, async () => {
       if (watched.deleted) {
         watchedVolumes.delete(volumeId);
-        if (watched.reclaimPolicy === "Delete") await deleteNodeVolume(volumeId).catch((err: Error) => logger.warn(`the deleted volume's tree stays for now: ${err.message}`, { volume: volumeId, operation: "delete_volume" }));
+        if (watched.reclaimPolicy === "Delete")
+          await deleteNodeVolume(volumeId).catch((err: Error) => logger.warn(`the deleted volume's tree stays for now: ${err.message}`, { volume: volumeId, operation: "delete_volume" }));
         return;
       }
       try {

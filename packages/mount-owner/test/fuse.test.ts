@@ -1,14 +1,14 @@
 // A real FUSE mount of a temp dir by our native server, driven from child
 // processes (as an application would) so each runs with its own credentials.
 // Plain fs calls here touch the backing tree and temp files.
-import assert from 'node:assert/strict';
-import { execFile, spawn } from 'node:child_process';
-import { createHash, randomBytes } from 'node:crypto';
-import * as fs from 'node:fs';
-import { join } from 'node:path';
-import { after, before, describe, test } from 'node:test';
-import { promisify } from 'node:util';
-import { type FuseMount, mountFuse } from '../src/fuse/binding';
+import assert from "node:assert/strict";
+import { execFile, spawn } from "node:child_process";
+import { createHash, randomBytes } from "node:crypto";
+import * as fs from "node:fs";
+import { join } from "node:path";
+import { after, before, describe, test } from "node:test";
+import { promisify } from "node:util";
+import { type FuseMount, mountFuse } from "../src/fuse/binding";
 
 const execFileAsync = promisify(execFile);
 const EIO = /Input\/output error/;
@@ -21,9 +21,9 @@ interface Volume {
 }
 
 function tempVolume(): Volume {
-  const dir = fs.mkdtempSync('/tmp/fuse-test-');
+  const dir = fs.mkdtempSync("/tmp/fuse-test-");
   fs.chmodSync(dir, 0o755); // lets the non-root test reach the mountpoint
-  const volume = { dir, backing: join(dir, 'backing'), mnt: join(dir, 'mnt') };
+  const volume = { dir, backing: join(dir, "backing"), mnt: join(dir, "mnt") };
   fs.mkdirSync(volume.backing);
   fs.mkdirSync(volume.mnt);
   return volume;
@@ -31,7 +31,7 @@ function tempVolume(): Volume {
 
 /** Runs a shell script in a child process with $M the mountpoint, $B the backing dir. */
 async function sh(volume: Volume, script: string, env: Record<string, string> = {}): Promise<string> {
-  const { stdout } = await execFileAsync('sh', ['-c', script], {
+  const { stdout } = await execFileAsync("sh", ["-c", script], {
     env: { ...process.env, M: volume.mnt, B: volume.backing, ...env },
     maxBuffer: 1 << 20,
   });
@@ -54,13 +54,13 @@ async function shFails(volume: Volume, script: string): Promise<string> {
 }
 
 async function isMounted(mountpoint: string): Promise<boolean> {
-  const mountinfo = await fs.promises.readFile('/proc/self/mountinfo', 'utf8');
-  return mountinfo.split('\n').some((line) => line.split(' ')[4] === mountpoint);
+  const mountinfo = await fs.promises.readFile("/proc/self/mountinfo", "utf8");
+  return mountinfo.split("\n").some((line) => line.split(" ")[4] === mountpoint);
 }
 
 /** Detaches anything still mounted (a failed test's) before deleting, which would otherwise walk into the mount. */
 async function removeVolume(volume: Volume): Promise<void> {
-  if (await isMounted(volume.mnt)) await execFileAsync('fusermount', ['-uz', volume.mnt]);
+  if (await isMounted(volume.mnt)) await execFileAsync("fusermount", ["-uz", volume.mnt]);
   fs.rmSync(volume.dir, { recursive: true, force: true });
 }
 
@@ -69,11 +69,11 @@ function backingStat(volume: Volume, name: string): fs.Stats {
 }
 
 function backingText(volume: Volume, name: string): string {
-  return fs.readFileSync(join(volume.backing, name), 'utf8');
+  return fs.readFileSync(join(volume.backing, name), "utf8");
 }
 
 function sha256(data: Buffer): string {
-  return createHash('sha256').update(data).digest('hex');
+  return createHash("sha256").update(data).digest("hex");
 }
 
 async function eventually(check: () => boolean, what: string): Promise<void> {
@@ -81,214 +81,204 @@ async function eventually(check: () => boolean, what: string): Promise<void> {
   assert.ok(check(), what);
 }
 
-describe('fuse passthrough', () => {
+describe("fuse passthrough", () => {
   const volume = tempVolume();
   let mount: FuseMount;
 
   before(() => {
-    mount = mountFuse({ mountpoint: volume.mnt, backing: volume.backing, fsname: 'git-csi:test-volume' });
+    mount = mountFuse({ mountpoint: volume.mnt, backing: volume.backing, fsname: "git-csi:test-volume" });
   });
 
   after(() => removeVolume(volume));
 
-  test('mounts with the fsname, allow_other and default_permissions', async () => {
+  test("mounts with the fsname, allow_other and default_permissions", async () => {
     assert.equal(mount.mountpoint, volume.mnt);
-    const line = (await fs.promises.readFile('/proc/self/mountinfo', 'utf8'))
-      .split('\n')
-      .find((l) => l.split(' ')[4] === volume.mnt);
-    assert.match(line ?? '', / - fuse git-csi:test-volume rw,.*allow_other/);
-    assert.match(line ?? '', /default_permissions/);
+    const line = (await fs.promises.readFile("/proc/self/mountinfo", "utf8")).split("\n").find((l) => l.split(" ")[4] === volume.mnt);
+    assert.match(line ?? "", / - fuse git-csi:test-volume rw,.*allow_other/);
+    assert.match(line ?? "", /default_permissions/);
   });
 
-  test('creates, writes, appends, overwrites in place and reads files', async () => {
-    const out = await sh(
-      volume,
-      'printf hello > "$M/a.txt" && printf " world" >> "$M/a.txt" && ' +
-        'printf HE | dd of="$M/a.txt" bs=1 conv=notrunc status=none && cat "$M/a.txt"',
-    );
-    assert.equal(out, 'HEllo world');
-    assert.equal(backingText(volume, 'a.txt'), 'HEllo world');
+  test("creates, writes, appends, overwrites in place and reads files", async () => {
+    const out = await sh(volume, 'printf hello > "$M/a.txt" && printf " world" >> "$M/a.txt" && ' + 'printf HE | dd of="$M/a.txt" bs=1 conv=notrunc status=none && cat "$M/a.txt"');
+    assert.equal(out, "HEllo world");
+    assert.equal(backingText(volume, "a.txt"), "HEllo world");
   });
 
-  test('reads files written to the backing tree', async () => {
-    fs.writeFileSync(join(volume.backing, 'from-git'), 'committed\n');
-    assert.equal(await sh(volume, 'cat "$M/from-git"'), 'committed\n');
+  test("reads files written to the backing tree", async () => {
+    fs.writeFileSync(join(volume.backing, "from-git"), "committed\n");
+    assert.equal(await sh(volume, 'cat "$M/from-git"'), "committed\n");
   });
 
-  test('creates files with the exact mode the app asked for', async () => {
+  test("creates files with the exact mode the app asked for", async () => {
     await sh(volume, 'umask 002 && echo x > "$M/shared" && mkdir "$M/shared-dir"');
-    assert.equal(backingStat(volume, 'shared').mode & 0o7777, 0o664);
-    assert.equal(backingStat(volume, 'shared-dir').mode & 0o7777, 0o775);
+    assert.equal(backingStat(volume, "shared").mode & 0o7777, 0o664);
+    assert.equal(backingStat(volume, "shared-dir").mode & 0o7777, 0o775);
   });
 
-  test('mkdir keeps the setgid bit inherited from the parent', async () => {
-    fs.mkdirSync(join(volume.backing, 'sgid'));
-    fs.chmodSync(join(volume.backing, 'sgid'), 0o2775);
+  test("mkdir keeps the setgid bit inherited from the parent", async () => {
+    fs.mkdirSync(join(volume.backing, "sgid"));
+    fs.chmodSync(join(volume.backing, "sgid"), 0o2775);
     await sh(volume, 'mkdir "$M/sgid/child"');
-    assert.equal(backingStat(volume, 'sgid/child').mode & 0o7777, 0o2755);
+    assert.equal(backingStat(volume, "sgid/child").mode & 0o7777, 0o2755);
   });
 
-  test('mkdir, readdir with . and .., rmdir', async () => {
+  test("mkdir, readdir with . and .., rmdir", async () => {
     await sh(volume, 'mkdir "$M/d" && touch "$M/d/x"');
-    assert.ok(backingStat(volume, 'd').isDirectory());
-    assert.equal(await sh(volume, 'ls -a "$M/d"'), '.\n..\nx\n');
+    assert.ok(backingStat(volume, "d").isDirectory());
+    assert.equal(await sh(volume, 'ls -a "$M/d"'), ".\n..\nx\n");
     assert.match(await shFails(volume, 'rmdir "$M/d"'), /Directory not empty/);
     await sh(volume, 'rm "$M/d/x" && rmdir "$M/d"');
-    assert.equal(fs.existsSync(join(volume.backing, 'd')), false);
+    assert.equal(fs.existsSync(join(volume.backing, "d")), false);
   });
 
-  test('renames, also over an existing file', async () => {
+  test("renames, also over an existing file", async () => {
     await sh(volume, 'echo one > "$M/r1" && echo two > "$M/r2" && mv "$M/r1" "$M/r2" && mv "$M/r2" "$M/r3"');
-    assert.equal(fs.existsSync(join(volume.backing, 'r1')), false);
-    assert.equal(fs.existsSync(join(volume.backing, 'r2')), false);
-    assert.equal(backingText(volume, 'r3'), 'one\n');
+    assert.equal(fs.existsSync(join(volume.backing, "r1")), false);
+    assert.equal(fs.existsSync(join(volume.backing, "r2")), false);
+    assert.equal(backingText(volume, "r3"), "one\n");
   });
 
-  test('unlinks', async () => {
+  test("unlinks", async () => {
     await sh(volume, 'echo x > "$M/gone" && rm "$M/gone"');
-    assert.equal(fs.existsSync(join(volume.backing, 'gone')), false);
+    assert.equal(fs.existsSync(join(volume.backing, "gone")), false);
   });
 
-  test('symlinks store the target as given; readlink returns it', async () => {
-    const out = await sh(
-      volume,
-      'echo target > "$M/t" && ln -s t "$M/l" && ln -s ../../elsewhere "$M/out" && ' +
-        'readlink "$M/out" && cat "$M/l"',
-    );
-    assert.equal(out, '../../elsewhere\ntarget\n');
-    assert.ok(backingStat(volume, 'out').isSymbolicLink());
-    assert.equal(fs.readlinkSync(join(volume.backing, 'out')), '../../elsewhere');
-    assert.equal(fs.readlinkSync(join(volume.backing, 'l')), 't');
+  test("symlinks store the target as given; readlink returns it", async () => {
+    const out = await sh(volume, 'echo target > "$M/t" && ln -s t "$M/l" && ln -s ../../elsewhere "$M/out" && ' + 'readlink "$M/out" && cat "$M/l"');
+    assert.equal(out, "../../elsewhere\ntarget\n");
+    assert.ok(backingStat(volume, "out").isSymbolicLink());
+    assert.equal(fs.readlinkSync(join(volume.backing, "out")), "../../elsewhere");
+    assert.equal(fs.readlinkSync(join(volume.backing, "l")), "t");
   });
 
-  test('hard links share the backing inode', async () => {
+  test("hard links share the backing inode", async () => {
     await sh(volume, 'echo shared > "$M/h1" && ln "$M/h1" "$M/h2"');
-    const [h1, h2] = [backingStat(volume, 'h1'), backingStat(volume, 'h2')];
+    const [h1, h2] = [backingStat(volume, "h1"), backingStat(volume, "h2")];
     assert.equal(h1.ino, h2.ino);
     assert.equal(h1.nlink, 2);
   });
 
-  test('chown and chmod reach the backing tree', async () => {
+  test("chown and chmod reach the backing tree", async () => {
     await sh(volume, 'echo x > "$M/owned" && chown 1234:5678 "$M/owned" && chmod 4751 "$M/owned"');
-    let stat = backingStat(volume, 'owned');
+    let stat = backingStat(volume, "owned");
     assert.deepEqual([stat.uid, stat.gid, stat.mode & 0o7777], [1234, 5678, 0o4751]);
-    assert.equal(await sh(volume, 'stat -c "%u %g %a" "$M/owned"'), '1234 5678 4751\n');
+    assert.equal(await sh(volume, 'stat -c "%u %g %a" "$M/owned"'), "1234 5678 4751\n");
 
     await sh(volume, 'chown :99 "$M/owned"'); // uid "unchanged" arrives as (uid_t)-1
-    stat = backingStat(volume, 'owned');
+    stat = backingStat(volume, "owned");
     assert.deepEqual([stat.uid, stat.gid], [1234, 99]);
   });
 
-  test('truncates by path, by descriptor and on open', async () => {
+  test("truncates by path, by descriptor and on open", async () => {
     await sh(volume, 'printf 0123456789 > "$M/tr" && truncate -s 3 "$M/tr"');
-    assert.equal(backingText(volume, 'tr'), '012');
-    await sh(volume, 'python3 -c "import os; f = open(os.environ[\'M\'] + \'/tr\', \'r+\'); f.truncate(1); f.close()"');
-    assert.equal(backingText(volume, 'tr'), '0');
+    assert.equal(backingText(volume, "tr"), "012");
+    await sh(volume, "python3 -c \"import os; f = open(os.environ['M'] + '/tr', 'r+'); f.truncate(1); f.close()\"");
+    assert.equal(backingText(volume, "tr"), "0");
     await sh(volume, 'truncate -s 5000 "$M/tr"');
-    assert.equal(backingStat(volume, 'tr').size, 5000);
+    assert.equal(backingStat(volume, "tr").size, 5000);
     await sh(volume, ': > "$M/tr"');
-    assert.equal(backingStat(volume, 'tr').size, 0);
+    assert.equal(backingStat(volume, "tr").size, 0);
   });
 
-  test('utimens sets atime and mtime to the nanosecond', async () => {
+  test("utimens sets atime and mtime to the nanosecond", async () => {
     await sh(volume, 'touch "$M/times" && touch -d "2001-01-01 00:00:00 UTC" "$M/times"');
-    assert.equal(backingStat(volume, 'times').mtimeMs, Date.UTC(2001, 0, 1));
+    assert.equal(backingStat(volume, "times").mtimeMs, Date.UTC(2001, 0, 1));
 
     const [atimeNs, mtimeNs] = [1_000_000_000_123_456_789n, 978_307_200_987_654_321n];
     await sh(volume, `python3 -c 'import os; os.utime(os.environ["M"] + "/times", ns=(${atimeNs}, ${mtimeNs}))'`);
-    const stat = fs.lstatSync(join(volume.backing, 'times'), { bigint: true });
+    const stat = fs.lstatSync(join(volume.backing, "times"), { bigint: true });
     assert.deepEqual([stat.atimeNs, stat.mtimeNs], [atimeNs, mtimeNs]);
     assert.equal(await sh(volume, 'stat -c %Y "$M/times"'), `${mtimeNs / 1_000_000_000n}\n`);
   });
 
-  test('touch -m and touch -a set one time and leave the other (UTIME_OMIT)', async () => {
+  test("touch -m and touch -a set one time and leave the other (UTIME_OMIT)", async () => {
     await sh(volume, 'touch -d "2010-06-01 00:00:00 UTC" "$M/one-time"');
     await sh(volume, 'touch -m -d "2001-02-03 00:00:00 UTC" "$M/one-time"');
-    let stat = backingStat(volume, 'one-time');
+    let stat = backingStat(volume, "one-time");
     assert.deepEqual([stat.mtimeMs, stat.atimeMs], [Date.UTC(2001, 1, 3), Date.UTC(2010, 5, 1)]);
     await sh(volume, 'touch -a -d "2002-03-04 00:00:00 UTC" "$M/one-time"');
-    stat = backingStat(volume, 'one-time');
+    stat = backingStat(volume, "one-time");
     assert.deepEqual([stat.mtimeMs, stat.atimeMs], [Date.UTC(2001, 1, 3), Date.UTC(2002, 2, 4)]);
   });
 
-  test('touch without a date sets both times to now (UTIME_NOW), also for a non-owner with write access', async () => {
-    fs.writeFileSync(join(volume.backing, 'now'), '');
-    fs.chmodSync(join(volume.backing, 'now'), 0o666);
-    fs.utimesSync(join(volume.backing, 'now'), 1_000_000, 1_000_000);
+  test("touch without a date sets both times to now (UTIME_NOW), also for a non-owner with write access", async () => {
+    fs.writeFileSync(join(volume.backing, "now"), "");
+    fs.chmodSync(join(volume.backing, "now"), 0o666);
+    fs.utimesSync(join(volume.backing, "now"), 1_000_000, 1_000_000);
     const before = Date.now() - 2000;
     await sh(volume, asNobody('touch "$M/now"'));
-    const stat = backingStat(volume, 'now');
+    const stat = backingStat(volume, "now");
     assert.ok(stat.mtimeMs >= before && stat.atimeMs >= before, `mtime ${stat.mtimeMs}`);
   });
 
-  test('a 64 MiB dd write lands intact', async () => {
-    const source = join(volume.dir, 'source.bin');
+  test("a 64 MiB dd write lands intact", async () => {
+    const source = join(volume.dir, "source.bin");
     const data = randomBytes(64 << 20);
     fs.writeFileSync(source, data);
     await sh(volume, 'dd if="$SRC" of="$M/big" bs=1M conv=fsync status=none', { SRC: source });
-    assert.equal(sha256(fs.readFileSync(join(volume.backing, 'big'))), sha256(data));
-    assert.equal((await sh(volume, 'sha256sum < "$M/big"')).split(' ')[0], sha256(data));
+    assert.equal(sha256(fs.readFileSync(join(volume.backing, "big"))), sha256(data));
+    assert.equal((await sh(volume, 'sha256sum < "$M/big"')).split(" ")[0], sha256(data));
   });
 
-  test('open-unlinked files keep working, and leave no name behind', async () => {
+  test("open-unlinked files keep working, and leave no name behind", async () => {
     const script = [
-      'import os',
+      "import os",
       'm, b = os.environ["M"], os.environ["B"]',
       'f = open(m + "/scratch", "w+")',
       'os.unlink(m + "/scratch")',
       'f.write("abc"); f.flush()',
-      'print(os.fstat(f.fileno()).st_size)',
-      'f.seek(0); print(f.read())',
+      "print(os.fstat(f.fileno()).st_size)",
+      "f.seek(0); print(f.read())",
       'print(os.listdir(b).count("scratch"))',
-      'f.close()',
-    ].join('\n');
-    assert.equal(await sh(volume, 'python3 -c "$PY"', { PY: script }), '3\nabc\n0\n');
+      "f.close()",
+    ].join("\n");
+    assert.equal(await sh(volume, 'python3 -c "$PY"', { PY: script }), "3\nabc\n0\n");
   });
 
-  test('statfs reports the backing file system', async () => {
-    const [blockSize, blocks] = (await sh(volume, 'stat -f -c "%S %b" "$M"')).trim().split(' ').map(Number);
+  test("statfs reports the backing file system", async () => {
+    const [blockSize, blocks] = (await sh(volume, 'stat -f -c "%S %b" "$M"')).trim().split(" ").map(Number);
     const backing = fs.statfsSync(volume.backing);
     assert.equal(blockSize * blocks, backing.bsize * backing.blocks);
   });
 
-  test('a non-root app owns what it creates in its directory; modes are enforced', async () => {
-    fs.mkdirSync(join(volume.backing, 'home'));
-    fs.chownSync(join(volume.backing, 'home'), NOBODY, NOBODY);
-    fs.writeFileSync(join(volume.backing, 'root-only'), 'root\n', { mode: 0o644 });
+  test("a non-root app owns what it creates in its directory; modes are enforced", async () => {
+    fs.mkdirSync(join(volume.backing, "home"));
+    fs.chownSync(join(volume.backing, "home"), NOBODY, NOBODY);
+    fs.writeFileSync(join(volume.backing, "root-only"), "root\n", { mode: 0o644 });
 
     await sh(volume, asNobody('echo mine > "$M/home/f" && echo more >> "$M/home/f" && mkdir "$M/home/sub" && ln -s f "$M/home/l"'));
-    for (const name of ['home/f', 'home/sub', 'home/l']) {
+    for (const name of ["home/f", "home/sub", "home/l"]) {
       const stat = backingStat(volume, name);
       assert.deepEqual([stat.uid, stat.gid], [NOBODY, NOBODY], name);
     }
-    assert.equal(backingText(volume, 'home/f'), 'mine\nmore\n');
+    assert.equal(backingText(volume, "home/f"), "mine\nmore\n");
 
     assert.match(await shFails(volume, asNobody('echo x > "$M/root-only"')), /Permission denied/);
-    assert.equal(backingText(volume, 'root-only'), 'root\n');
+    assert.equal(backingText(volume, "root-only"), "root\n");
   });
 
-  test('the process serving the mount may itself use it, synchronously: no JavaScript serves an operation', () => {
-    fs.writeFileSync(join(volume.mnt, 'self'), 'written by the server\'s own thread\n');
-    fs.appendFileSync(join(volume.mnt, 'self'), 'and again\n');
-    assert.equal(fs.readFileSync(join(volume.mnt, 'self'), 'utf8'), 'written by the server\'s own thread\nand again\n');
-    assert.equal(backingText(volume, 'self'), 'written by the server\'s own thread\nand again\n');
+  test("the process serving the mount may itself use it, synchronously: no JavaScript serves an operation", () => {
+    fs.writeFileSync(join(volume.mnt, "self"), "written by the server's own thread\n");
+    fs.appendFileSync(join(volume.mnt, "self"), "and again\n");
+    assert.equal(fs.readFileSync(join(volume.mnt, "self"), "utf8"), "written by the server's own thread\nand again\n");
+    assert.equal(backingText(volume, "self"), "written by the server's own thread\nand again\n");
   });
 
-  test('unmount leaves no mount behind', async () => {
+  test("unmount leaves no mount behind", async () => {
     await mount.unmount();
     assert.equal(await isMounted(volume.mnt), false);
-    assert.equal(backingText(volume, 'a.txt'), 'HEllo world');
+    assert.equal(backingText(volume, "a.txt"), "HEllo world");
   });
 });
 
-describe('caller identity and POSIX behaviour', () => {
+describe("caller identity and POSIX behaviour", () => {
   const volume = tempVolume();
   let mount: FuseMount;
 
   before(() => {
-    mount = mountFuse({ mountpoint: volume.mnt, backing: volume.backing, fsname: 'git-csi:posix' });
-    fs.mkdirSync(join(volume.backing, 'open'), { mode: 0o777 });
-    fs.chmodSync(join(volume.backing, 'open'), 0o777);
+    mount = mountFuse({ mountpoint: volume.mnt, backing: volume.backing, fsname: "git-csi:posix" });
+    fs.mkdirSync(join(volume.backing, "open"), { mode: 0o777 });
+    fs.chmodSync(join(volume.backing, "open"), 0o777);
   });
 
   after(async () => {
@@ -296,40 +286,40 @@ describe('caller identity and POSIX behaviour', () => {
     await removeVolume(volume);
   });
 
-  test('a file, directory, symlink and node take the caller\'s uid and gid', async () => {
+  test("a file, directory, symlink and node take the caller's uid and gid", async () => {
     await sh(volume, asNobody('cd "$M/open" && echo f > f && mkdir d && ln -s f l && mkfifo p'));
-    for (const name of ['f', 'd', 'l', 'p']) {
+    for (const name of ["f", "d", "l", "p"]) {
       const stat = backingStat(volume, `open/${name}`);
       assert.deepEqual([stat.uid, stat.gid], [NOBODY, NOBODY], name);
     }
     assert.equal(await sh(volume, 'stat -c "%u %g" "$M/open/f"'), `${NOBODY} ${NOBODY}\n`);
   });
 
-  test('in a setgid directory a new entry takes the directory\'s group, a new directory its setgid bit', async () => {
-    fs.mkdirSync(join(volume.backing, 'team'));
-    fs.chownSync(join(volume.backing, 'team'), 0, 1234);
-    fs.chmodSync(join(volume.backing, 'team'), 0o2777);
+  test("in a setgid directory a new entry takes the directory's group, a new directory its setgid bit", async () => {
+    fs.mkdirSync(join(volume.backing, "team"));
+    fs.chownSync(join(volume.backing, "team"), 0, 1234);
+    fs.chmodSync(join(volume.backing, "team"), 0o2777);
     await sh(volume, asNobody('umask 022 && echo f > "$M/team/f" && mkdir "$M/team/d"'));
-    const [file, dir] = [backingStat(volume, 'team/f'), backingStat(volume, 'team/d')];
+    const [file, dir] = [backingStat(volume, "team/f"), backingStat(volume, "team/d")];
     assert.deepEqual([file.uid, file.gid, file.mode & 0o7777], [NOBODY, 1234, 0o644]);
     assert.deepEqual([dir.uid, dir.gid, dir.mode & 0o7777], [NOBODY, 1234, 0o2755]);
   });
 
-  test('a member of a directory\'s group by a supplementary group only creates in it', async () => {
-    fs.mkdirSync(join(volume.backing, 'group-only'));
-    fs.chownSync(join(volume.backing, 'group-only'), 0, 1000);
-    fs.chmodSync(join(volume.backing, 'group-only'), 0o2775);
+  test("a member of a directory's group by a supplementary group only creates in it", async () => {
+    fs.mkdirSync(join(volume.backing, "group-only"));
+    fs.chownSync(join(volume.backing, "group-only"), 0, 1000);
+    fs.chmodSync(join(volume.backing, "group-only"), 0o2775);
     await sh(volume, `setpriv --reuid=1000 --regid=2000 --groups=1000 sh -c 'echo x > "$M/group-only/f" && mkdir "$M/group-only/d"'`);
-    const stat = backingStat(volume, 'group-only/f');
+    const stat = backingStat(volume, "group-only/f");
     assert.deepEqual([stat.uid, stat.gid], [1000, 1000]);
     assert.match(await shFails(volume, asNobody('echo x > "$M/group-only/g"')), /Permission denied/);
   });
 
-  test('rename with RENAME_NOREPLACE refuses an existing name; RENAME_EXCHANGE swaps', async () => {
+  test("rename with RENAME_NOREPLACE refuses an existing name; RENAME_EXCHANGE swaps", async () => {
     const script = [
-      'import ctypes, os',
-      'libc = ctypes.CDLL(None, use_errno=True)',
-      'def rename(a, b, flags):',
+      "import ctypes, os",
+      "libc = ctypes.CDLL(None, use_errno=True)",
+      "def rename(a, b, flags):",
       '    m = os.environ["M"].encode()',
       '    r = libc.renameat2(-100, m + b"/" + a, -100, m + b"/" + b, flags)',
       '    return os.strerror(ctypes.get_errno()) if r else "ok"',
@@ -338,43 +328,43 @@ describe('caller identity and POSIX behaviour', () => {
       'print(rename(b"x1", b"x2", 1))', // RENAME_NOREPLACE
       'print(rename(b"x1", b"x2", 2))', // RENAME_EXCHANGE
       'print(rename(b"x1", b"x3", 1))',
-    ].join('\n');
-    assert.equal(await sh(volume, 'python3 -c "$PY"', { PY: script }), 'File exists\nok\nok\n');
-    assert.equal(backingText(volume, 'x2'), 'one');
-    assert.equal(backingText(volume, 'x3'), 'two');
+    ].join("\n");
+    assert.equal(await sh(volume, 'python3 -c "$PY"', { PY: script }), "File exists\nok\nok\n");
+    assert.equal(backingText(volume, "x2"), "one");
+    assert.equal(backingText(volume, "x3"), "two");
   });
 
-  test('fallocate, fsync and fdatasync reach the backing file', async () => {
+  test("fallocate, fsync and fdatasync reach the backing file", async () => {
     await sh(volume, 'fallocate -l 1M "$M/alloc"');
-    assert.equal(backingStat(volume, 'alloc').size, 1 << 20);
-    assert.ok(backingStat(volume, 'alloc').blocks * 512 >= 1 << 20);
+    assert.equal(backingStat(volume, "alloc").size, 1 << 20);
+    assert.ok(backingStat(volume, "alloc").blocks * 512 >= 1 << 20);
     const script = 'import os\nfd = os.open(os.environ["M"] + "/synced", os.O_CREAT | os.O_WRONLY)\nos.write(fd, b"s")\nos.fsync(fd)\nos.fdatasync(fd)\nos.close(fd)';
     await sh(volume, 'python3 -c "$PY"', { PY: script });
-    assert.equal(backingText(volume, 'synced'), 's');
+    assert.equal(backingText(volume, "synced"), "s");
   });
 
-  test('flock and POSIX locks exclude another process', async () => {
+  test("flock and POSIX locks exclude another process", async () => {
     await sh(volume, 'touch "$M/lock"');
-    assert.equal(await sh(volume, 'flock -n "$M/lock" sh -c \'flock -n "$M/lock" true && echo taken || echo refused\''), 'refused\n');
+    assert.equal(await sh(volume, 'flock -n "$M/lock" sh -c \'flock -n "$M/lock" true && echo taken || echo refused\''), "refused\n");
     const script = [
-      'import fcntl, os, subprocess, sys',
+      "import fcntl, os, subprocess, sys",
       'f = open(os.environ["M"] + "/lock", "r+")',
-      'fcntl.lockf(f, fcntl.LOCK_EX | fcntl.LOCK_NB)',
-      'other = "import fcntl, os\\ntry:\\n  fcntl.lockf(open(os.environ[\'M\'] + \'/lock\', \'r+\'), fcntl.LOCK_EX | fcntl.LOCK_NB); print(\'taken\')\\nexcept OSError: print(\'refused\')"',
+      "fcntl.lockf(f, fcntl.LOCK_EX | fcntl.LOCK_NB)",
+      "other = \"import fcntl, os\\ntry:\\n  fcntl.lockf(open(os.environ['M'] + '/lock', 'r+'), fcntl.LOCK_EX | fcntl.LOCK_NB); print('taken')\\nexcept OSError: print('refused')\"",
       'print(subprocess.run([sys.executable, "-c", other], capture_output=True, text=True).stdout.strip())',
-    ].join('\n');
-    assert.equal(await sh(volume, 'python3 -c "$PY"', { PY: script }), 'refused\n');
+    ].join("\n");
+    assert.equal(await sh(volume, 'python3 -c "$PY"', { PY: script }), "refused\n");
   });
 
-  test('never follows a symlink out of the backing tree', async () => {
-    const outside = join(volume.dir, 'outside');
-    fs.writeFileSync(outside, 'outside\n', { mode: 0o600 });
-    fs.symlinkSync(outside, join(volume.backing, 'escape'));
-    assert.equal(await sh(volume, 'stat -c %F "$M/escape"'), 'symbolic link\n');
+  test("never follows a symlink out of the backing tree", async () => {
+    const outside = join(volume.dir, "outside");
+    fs.writeFileSync(outside, "outside\n", { mode: 0o600 });
+    fs.symlinkSync(outside, join(volume.backing, "escape"));
+    assert.equal(await sh(volume, 'stat -c %F "$M/escape"'), "symbolic link\n");
     await sh(volume, 'chown -h 1234:1234 "$M/escape" && touch -h -d 2001-02-03 "$M/escape"');
     const target = fs.statSync(outside);
     assert.deepEqual([target.mode & 0o777, target.uid, target.size], [0o600, 0, 8]);
-    assert.equal(backingStat(volume, 'escape').uid, 1234);
+    assert.equal(backingStat(volume, "escape").uid, 1234);
   });
 });
 
@@ -409,13 +399,13 @@ for line in sys.stdin:
 `;
 
 function startApplication(volume: Volume): Application {
-  const proc = spawn('python3', ['-c', APPLICATION], { env: { ...process.env, M: volume.mnt }, stdio: ['pipe', 'pipe', 'inherit'] });
+  const proc = spawn("python3", ["-c", APPLICATION], { env: { ...process.env, M: volume.mnt }, stdio: ["pipe", "pipe", "inherit"] });
   const lines: string[] = [];
   let waiting: ((line: string) => void) | undefined;
-  let buffered = '';
-  proc.stdout.on('data', (chunk: Buffer) => {
+  let buffered = "";
+  proc.stdout.on("data", (chunk: Buffer) => {
     buffered += chunk.toString();
-    for (let at = buffered.indexOf('\n'); at >= 0; at = buffered.indexOf('\n')) {
+    for (let at = buffered.indexOf("\n"); at >= 0; at = buffered.indexOf("\n")) {
       const line = buffered.slice(0, at);
       buffered = buffered.slice(at + 1);
       if (waiting) {
@@ -424,7 +414,7 @@ function startApplication(volume: Volume): Application {
       } else lines.push(line);
     }
   });
-  const exited = new Promise<number | null>((resolve) => proc.on('exit', (code, signal) => resolve(signal ? -1 : code)));
+  const exited = new Promise<number | null>((resolve) => proc.on("exit", (code, signal) => resolve(signal ? -1 : code)));
   return {
     ask: (command) => {
       proc.stdin.write(`${command}\n`);
@@ -433,38 +423,38 @@ function startApplication(volume: Volume): Application {
       return Promise.race([new Promise<string>((resolve) => (waiting = resolve)), exited.then((code) => `exited ${code}`)]);
     },
     exited,
-    kill: () => proc.kill('SIGKILL'),
+    kill: () => proc.kill("SIGKILL"),
   };
 }
 
-describe('epoch fence', () => {
-  test('fenced: every operation answers EIO at once, also through a descriptor and a mapping made before', async () => {
+describe("epoch fence", () => {
+  test("fenced: every operation answers EIO at once, also through a descriptor and a mapping made before", async () => {
     const volume = tempVolume();
     const refusals: number[] = [];
-    const mount = mountFuse({ mountpoint: volume.mnt, backing: volume.backing, fsname: 'git-csi:fenced', epoch: { serveUntilMs: Infinity, onFenced: (n) => refusals.push(n) } });
+    const mount = mountFuse({ mountpoint: volume.mnt, backing: volume.backing, fsname: "git-csi:fenced", epoch: { serveUntilMs: Infinity, onFenced: (n) => refusals.push(n) } });
     let app: Application | undefined;
     try {
-      fs.writeFileSync(join(volume.backing, 'held'), 'cached');
+      fs.writeFileSync(join(volume.backing, "held"), "cached");
       app = startApplication(volume);
-      assert.equal(await app.ask('open'), 'ok 3');
-      assert.equal(await app.ask('map'), 'ok 0');
-      assert.equal(await app.ask('pread'), 'ok cached');
-      assert.equal(await app.ask('mapped'), 'ok cached');
-      assert.equal(await app.ask('stat'), 'ok 6');
+      assert.equal(await app.ask("open"), "ok 3");
+      assert.equal(await app.ask("map"), "ok 0");
+      assert.equal(await app.ask("pread"), "ok cached");
+      assert.equal(await app.ask("mapped"), "ok cached");
+      assert.equal(await app.ask("stat"), "ok 6");
 
       mount.fence();
       // The kernel dropped the pages and attributes it cached: nothing answers from them.
-      assert.equal(await app.ask('stat'), 'Input/output error');
-      assert.equal(await app.ask('fstat'), 'Input/output error');
-      assert.equal(await app.ask('pread'), 'Input/output error');
-      assert.equal(await app.ask('write'), 'Input/output error');
-      assert.equal(await app.ask('create'), 'Input/output error');
+      assert.equal(await app.ask("stat"), "Input/output error");
+      assert.equal(await app.ask("fstat"), "Input/output error");
+      assert.equal(await app.ask("pread"), "Input/output error");
+      assert.equal(await app.ask("write"), "Input/output error");
+      assert.equal(await app.ask("create"), "Input/output error");
       assert.match(await shFails(volume, 'ls "$M"'), EIO);
       // A page of the shared mapping is read again, and fails: SIGBUS, not a stale page.
-      assert.equal(await app.ask('mapped'), 'exited -1');
-      assert.equal(fs.readFileSync(join(volume.backing, 'held'), 'utf8'), 'cached');
-      assert.equal(fs.existsSync(join(volume.backing, 'new')), false);
-      await eventually(() => refusals.reduce((a, b) => a + b, 0) >= 5, 'the refusals are counted');
+      assert.equal(await app.ask("mapped"), "exited -1");
+      assert.equal(fs.readFileSync(join(volume.backing, "held"), "utf8"), "cached");
+      assert.equal(fs.existsSync(join(volume.backing, "new")), false);
+      await eventually(() => refusals.reduce((a, b) => a + b, 0) >= 5, "the refusals are counted");
     } finally {
       app?.kill();
       await mount.unmount();
@@ -472,10 +462,10 @@ describe('epoch fence', () => {
     }
   });
 
-  test('the lease\'s end fences without a call: operations fail from then on, and JavaScript hears of it', async () => {
+  test("the lease's end fences without a call: operations fail from then on, and JavaScript hears of it", async () => {
     const volume = tempVolume();
     const refusals: number[] = [];
-    const mount = mountFuse({ mountpoint: volume.mnt, backing: volume.backing, fsname: 'git-csi:lease', epoch: { serveUntilMs: Date.now() + 60_000, onFenced: (n) => refusals.push(n) } });
+    const mount = mountFuse({ mountpoint: volume.mnt, backing: volume.backing, fsname: "git-csi:lease", epoch: { serveUntilMs: Date.now() + 60_000, onFenced: (n) => refusals.push(n) } });
     try {
       await sh(volume, 'echo before > "$M/f" && cat "$M/f"');
       mount.serveUntil(Date.now() + 1000);
@@ -483,8 +473,8 @@ describe('epoch fence', () => {
       await new Promise((r) => setTimeout(r, 1200));
       assert.match(await shFails(volume, 'cat "$M/f"'), EIO);
       assert.match(await shFails(volume, 'stat "$M/f"'), EIO);
-      assert.equal(backingText(volume, 'f'), 'before\nstill\n');
-      await eventually(() => refusals.length > 0, 'onFenced was called');
+      assert.equal(backingText(volume, "f"), "before\nstill\n");
+      await eventually(() => refusals.length > 0, "onFenced was called");
     } finally {
       await mount.unmount();
       await removeVolume(volume);
@@ -492,37 +482,35 @@ describe('epoch fence', () => {
   });
 });
 
-describe('mount options', () => {
+describe("mount options", () => {
   const volume = tempVolume();
   after(() => removeVolume(volume));
 
-  test('an fsname cannot smuggle in mount options', async () => {
-    const mount = mountFuse({ mountpoint: volume.mnt, backing: volume.backing, fsname: 'git-csi:odd,ro\\name' });
+  test("an fsname cannot smuggle in mount options", async () => {
+    const mount = mountFuse({ mountpoint: volume.mnt, backing: volume.backing, fsname: "git-csi:odd,ro\\name" });
     try {
-      const line = (await fs.promises.readFile('/proc/self/mountinfo', 'utf8'))
-        .split('\n')
-        .find((l) => l.split(' ')[4] === volume.mnt);
-      assert.match(line ?? '', / - fuse git-csi:odd,ro\\134name rw,/);
+      const line = (await fs.promises.readFile("/proc/self/mountinfo", "utf8")).split("\n").find((l) => l.split(" ")[4] === volume.mnt);
+      assert.match(line ?? "", / - fuse git-csi:odd,ro\\134name rw,/);
       await sh(volume, 'echo writable > "$M/f"');
-      assert.equal(backingText(volume, 'f'), 'writable\n');
+      assert.equal(backingText(volume, "f"), "writable\n");
     } finally {
       await mount.unmount();
     }
   });
 });
 
-describe('a dead mount owner', () => {
+describe("a dead mount owner", () => {
   const volume = tempVolume();
   after(() => removeVolume(volume));
 
-  test('leaves an ENOTCONN mount that the next mount replaces', async () => {
+  test("leaves an ENOTCONN mount that the next mount replaces", async () => {
     await mountInChildAndKill(volume);
     assert.equal(await isMounted(volume.mnt), true);
     assert.match(await shFails(volume, 'stat "$M"'), /Transport endpoint is not connected/);
 
-    const mount = mountFuse({ mountpoint: volume.mnt, backing: volume.backing, fsname: 'git-csi:restarted' });
+    const mount = mountFuse({ mountpoint: volume.mnt, backing: volume.backing, fsname: "git-csi:restarted" });
     await sh(volume, 'echo back > "$M/f"');
-    assert.equal(backingText(volume, 'f'), 'back\n');
+    assert.equal(backingText(volume, "f"), "back\n");
     await mount.unmount();
     assert.equal(await isMounted(volume.mnt), false);
   });
@@ -531,19 +519,19 @@ describe('a dead mount owner', () => {
 /** Mounts the volume from a child node process, then SIGKILLs it. */
 async function mountInChildAndKill(volume: Volume): Promise<void> {
   const script = `
-    const { mountFuse } = require(${JSON.stringify(require.resolve('../src/fuse/binding'))});
+    const { mountFuse } = require(${JSON.stringify(require.resolve("../src/fuse/binding"))});
     mountFuse({ mountpoint: process.env.M, backing: process.env.B, fsname: 'git-csi:dead' });
     console.log('mounted');
     setInterval(() => undefined, 1000);`;
-  const child = spawn(process.execPath, ['-e', script], {
+  const child = spawn(process.execPath, ["-e", script], {
     env: { ...process.env, M: volume.mnt, B: volume.backing },
-    stdio: ['ignore', 'pipe', 'inherit'],
+    stdio: ["ignore", "pipe", "inherit"],
   });
   await new Promise<void>((resolve, reject) => {
-    child.stdout.on('data', (chunk: Buffer) => chunk.toString().includes('mounted') && resolve());
-    child.on('exit', (code) => reject(new Error(`mount child exited with ${code}`)));
+    child.stdout.on("data", (chunk: Buffer) => chunk.toString().includes("mounted") && resolve());
+    child.on("exit", (code) => reject(new Error(`mount child exited with ${code}`)));
   });
-  const exited = new Promise((resolve) => child.on('exit', resolve));
-  child.kill('SIGKILL');
+  const exited = new Promise((resolve) => child.on("exit", resolve));
+  child.kill("SIGKILL");
   await exited;
 }

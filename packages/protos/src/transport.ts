@@ -57,9 +57,7 @@ export async function serveUnix(endpoint: string, services: Service[]): Promise<
   await fs.rm(file, { force: true });
   const server = new Server();
   for (const s of services) server.addService(s.definition, s.implementation);
-  await new Promise<void>((resolve, reject) =>
-    server.bindAsync(`unix://${file}`, ServerCredentials.createInsecure(), (err) => (err ? reject(err) : resolve())),
-  );
+  await new Promise<void>((resolve, reject) => server.bindAsync(`unix://${file}`, ServerCredentials.createInsecure(), (err) => (err ? reject(err) : resolve())));
   return server;
 }
 
@@ -82,12 +80,7 @@ export function dialUnix<C>(Client: ClientConstructor<C>, endpoint: string): C {
   return new Client(`unix://${socketPath(endpoint)}`, credentials.createInsecure());
 }
 
-type UnaryMethod<Req, Res> = (
-  request: Req,
-  metadata: Metadata,
-  options: Partial<CallOptions>,
-  callback: (error: ServiceError | null, response: Res) => void,
-) => ClientUnaryCall;
+type UnaryMethod<Req, Res> = (request: Req, metadata: Metadata, options: Partial<CallOptions>, callback: (error: ServiceError | null, response: Res) => void) => ClientUnaryCall;
 
 /** Calls a unary method with a deadline; a failure rejects with the callee's status. */
 export function call<Req, Res>(method: UnaryMethod<Req, Res>, request: Req, timeoutMs: number): Promise<Res> {
