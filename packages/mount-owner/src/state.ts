@@ -1,7 +1,7 @@
 import * as fs from "node:fs/promises";
 import * as path from "node:path";
 import { orAbsent } from "@git-csi/config";
-import type { gitcsi, mountOwner } from "@git-csi/protos";
+import { alreadyExists, describeAccessMode, failedPrecondition, type gitcsi, internal, type mountOwner, notFound } from "@git-csi/protos";
 
 /**
  * What the node knows of one volume, kept under the state dir so that a
@@ -55,12 +55,7 @@ export async function writeFileAtomic(file: string, content: string, mode = 0o60
   }
 }
 
-async function readJson<T>(file: string): Promise<T | undefined> {
-  const text = await orAbsent(fs.readFile(file, "utf8"));
-  return text === undefined ? undefined : (JSON.parse(text) as T);
-}
-
-/** A directory of JSON records keyed by a volume id or name. */
+/** A directory of JSON records keyed by a volume id or name; a record it cannot read is an Internal error naming the file. */
 class RecordDir<T> {
   constructor(private readonly dir: string) {}
 
@@ -68,12 +63,28 @@ class RecordDir<T> {
     return path.join(this.dir, `${key}.json`);
   }
 
-  get(key: string): Promise<T | undefined> {
-    return readJson<T>(this.file(key));
+  async get(key: string): Promise<T | undefined> {
+    const file = this.file(key);
+    const text = await orAbsent(fs.readFile(file, "utf8"));
+    if (text === undefined) return undefined;
+    try {
+      return JSON.parse(text) as T;
+    } catch (err) {
+      throw internal(`${file} is not a readable record (${(err as Error).message}); the node's state needs an operator`);
+    }
   }
 
   put(key: string, record: T): Promise<void> {
     return writeFileAtomic(this.file(key), `${JSON.stringify(record, null, 2)}\n`);
+  }
+
+  /** Changes an existing record; none is left absent. */
+  async update(key: string, change: (record: T) => T): Promise<T | undefined> {
+    const record = await this.get(key);
+    if (record === undefined) return undefined;
+    const changed = change(record);
+    await this.put(key, changed);
+    return changed;
   }
 
   async remove(key: string): Promise<void> {
@@ -86,17 +97,159 @@ class RecordDir<T> {
   }
 }
 
+/**
+ * The mount owner's durable state: the node's volume records, the
+ * controller's provisioned volumes, and deletions whose tree is still on the
+ * node. Each change is a domain step; every error it raises carries the CSI
+ * code the RPC answers with. Callers serialize steps per volume.
+ */
 export class State {
-  /** The node's volume records. */
-  readonly volumes: RecordDir<VolumeRecord>;
-  /** The controller's record of provisioned volumes, keyed by name. */
-  readonly provisioned: RecordDir<mountOwner.Volume>;
-  /** Volumes deleted with reclaim policy Delete whose tree is still on the node: the git worker did not answer. */
-  readonly deletions: RecordDir<VolumeRecord>;
+  private readonly volumes: RecordDir<VolumeRecord>;
+  private readonly provisioned: RecordDir<mountOwner.Volume>;
+  private readonly deletions: RecordDir<VolumeRecord>;
 
   constructor(readonly stateDir: string) {
     this.volumes = new RecordDir(path.join(stateDir, "volumes"));
     this.provisioned = new RecordDir(path.join(stateDir, "provisioned"));
     this.deletions = new RecordDir(path.join(stateDir, "deletions"));
   }
+
+  /** The node's record of a volume; absent when the node never staged it. */
+  volume(volumeId: string): Promise<VolumeRecord | undefined> {
+    return this.volumes.get(volumeId);
+  }
+
+  volumeIds(): Promise<string[]> {
+    return this.volumes.keys();
+  }
+
+  /** Durable before the mount serves: a restarted mount owner finds every mount it made. */
+  recordStaged(record: VolumeRecord): Promise<void> {
+    return this.volumes.put(record.volumeId, record);
+  }
+
+  /** FailedPrecondition while a pod still has the volume published. */
+  async checkUnpublished(volumeId: string): Promise<VolumeRecord | undefined> {
+    const record = await this.volumes.get(volumeId);
+    if (record && record.targets.length > 0) throw failedPrecondition(`volume ${volumeId} is still published at ${record.targets.join(", ")}; unpublish it first`);
+    return record;
+  }
+
+  async recordUnstaged(volumeId: string): Promise<void> {
+    await this.volumes.update(volumeId, (record) => ({ ...record, stagingPath: undefined }));
+  }
+
+  /** The target and its pod join the record; a republish of the same target replaces its pod. */
+  async recordPublished(volumeId: string, targetPath: string, pods: Record<string, gitcsi.Pod>): Promise<void> {
+    await this.volumes.update(volumeId, (record) => ({ ...record, targets: [...record.targets.filter((t) => t !== targetPath), targetPath], pods }));
+  }
+
+  /** The target and its pod leave the record; the record as left, or absent where the target was not recorded. */
+  async recordUnpublished(volumeId: string, targetPath: string): Promise<VolumeRecord | undefined> {
+    const record = await this.volumes.get(volumeId);
+    if (!record?.targets.includes(targetPath)) return undefined;
+    const { [targetPath]: _gone, ...pods } = record.pods ?? {};
+    const left = { ...record, targets: record.targets.filter((t) => t !== targetPath), pods };
+    await this.volumes.put(volumeId, left);
+    return left;
+  }
+
+  /** The class that arms the volume, and its claim where one is known. */
+  async recordClass(volumeId: string, volumeClass: gitcsi.VolumeClass | undefined, claim?: gitcsi.Claim): Promise<void> {
+    await this.volumes.update(volumeId, (record) => ({ ...record, volumeClass, claim: claim ?? record.claim }));
+  }
+
+  async recordReclaimPolicy(volumeId: string, reclaimPolicy: string): Promise<void> {
+    const record = await this.volumes.get(volumeId);
+    if (record && record.reclaimPolicy !== reclaimPolicy) await this.volumes.put(volumeId, { ...record, reclaimPolicy });
+  }
+
+  /**
+   * A deleted volume leaves the node's records; its tree is recorded as
+   * deleted first, so a git worker that does not answer now removes it when
+   * it does. FailedPrecondition while the volume is staged. True when the
+   * node had a record.
+   */
+  async recordDeleted(volumeId: string): Promise<boolean> {
+    const record = await this.volumes.get(volumeId);
+    if (record?.stagingPath !== undefined) throw failedPrecondition(`volume ${volumeId} is staged at ${record.stagingPath}; unstage it before deleting it`);
+    if (record) {
+      await this.deletions.put(volumeId, record);
+      await this.volumes.remove(volumeId);
+    }
+    await this.provisioned.remove(volumeId);
+    return record !== undefined;
+  }
+
+  /** A deleted volume whose tree is still on the node. */
+  deletedVolume(volumeId: string): Promise<VolumeRecord | undefined> {
+    return this.deletions.get(volumeId);
+  }
+
+  deletedVolumeIds(): Promise<string[]> {
+    return this.deletions.keys();
+  }
+
+  /** The deleted volume's tree is gone. */
+  forgetDeleted(volumeId: string): Promise<void> {
+    return this.deletions.remove(volumeId);
+  }
+
+  /** CreateVolume's record: the same request again answers the same volume; another one under the name is AlreadyExists. */
+  async createVolume(wanted: mountOwner.Volume): Promise<{ volume: mountOwner.Volume; created: boolean }> {
+    const existing = await this.provisioned.get(wanted.volumeId);
+    if (!existing) {
+      await this.provisioned.put(wanted.volumeId, wanted);
+      return { volume: wanted, created: true };
+    }
+    if (JSON.stringify(existing) !== JSON.stringify(wanted)) throw alreadyExists(`volume ${wanted.volumeId} exists with other capacity, parameters or access mode`);
+    return { volume: existing, created: false };
+  }
+
+  provisionedVolume(volumeId: string): Promise<mountOwner.Volume | undefined> {
+    return this.provisioned.get(volumeId);
+  }
+
+  /**
+   * A volume the Controller service may modify: one this mount owner
+   * created, or, in standalone mode where the node is the controller, one
+   * staged here (a static volume staged over the CSI socket). NotFound otherwise.
+   */
+  async knownVolume(volumeId: string): Promise<mountOwner.Volume> {
+    const provisioned = await this.provisioned.get(volumeId);
+    if (provisioned) return provisioned;
+    const record = await this.volumes.get(volumeId);
+    if (!record) throw notFound(`volume ${volumeId} does not exist: it was neither created nor staged here`);
+    return { volumeId, name: volumeId, capacityBytes: 0, source: record.source, accessMode: record.accessMode, classParameters: record.volumeClass?.parameters ?? {} };
+  }
+
+  async recordProvisionedClass(volumeId: string, classParameters: Record<string, string>): Promise<void> {
+    await this.provisioned.update(volumeId, (volume) => ({ ...volume, classParameters }));
+  }
+}
+
+/** AlreadyExists: a volume's access mode never changes on a node. */
+export function checkMode(record: VolumeRecord, accessMode: gitcsi.AccessMode): void {
+  if (record.accessMode !== accessMode) {
+    throw alreadyExists(`volume ${record.volumeId} is ${describeAccessMode(record.accessMode)}; its access mode cannot change to ${describeAccessMode(accessMode)}`);
+  }
+}
+
+/** AlreadyExists: a volume id names one remote, one ref and one access mode on a node. */
+export function checkIdentity(record: VolumeRecord, source: gitcsi.VolumeSource, accessMode: gitcsi.AccessMode): void {
+  checkMode(record, accessMode);
+  if (record.source.url !== source.url || record.source.ref !== source.ref) {
+    throw alreadyExists(`volume ${record.volumeId} follows ${record.source.url} ref ${record.source.ref} on this node, not ${source.url} ref ${source.ref}`);
+  }
+}
+
+/**
+ * One staged tree has one group: a pod asking another fsGroup of an RWO volume
+ * staged for the first pod's is refused, since regrouping the tree under a
+ * running pod would take its access away. A pod without an fsGroup publishes.
+ */
+export function checkGroup(record: VolumeRecord, group: string): void {
+  if (group === "" || group === record.volumeMountGroup) return;
+  const staged = record.volumeMountGroup ? `volume_mount_group ${record.volumeMountGroup}` : "no volume_mount_group";
+  throw failedPrecondition(`volume ${record.volumeId} is staged on this node with ${staged}; a pod with fsGroup ${group} cannot share it until the volume is unstaged`);
 }

@@ -1,0 +1,85 @@
+import type { Logger } from "@git-csi/logging";
+import type { OperationMetrics } from "@git-csi/metrics";
+import { type CsiError, failedPrecondition, gitWorker } from "@git-csi/protos";
+import type { StagedMount } from "./context";
+
+/** A staged volume's FUSE session, its mount epoch, and the git worker instance that watches its tree. */
+export interface LiveSession {
+  stagingPath: string;
+  mount: StagedMount;
+  workerInstance: string;
+  epoch: string;
+  /** Until when the mount may serve without another renewal, by this node's clock. */
+  serveUntil: number;
+  /** Why the epoch no longer holds the volume; once set, the mount never serves again. */
+  lost?: string;
+  renewal: NodeJS.Timeout;
+}
+
+/** The mount sessions this process serves, by volume id, and how an epoch loses its volume. */
+export class MountSessions {
+  private readonly live = new Map<string, LiveSession>();
+
+  constructor(
+    private readonly logger: Logger,
+    private readonly metrics: OperationMetrics,
+  ) {}
+
+  get(volumeId: string): LiveSession | undefined {
+    return this.live.get(volumeId);
+  }
+
+  has(volumeId: string): boolean {
+    return this.live.has(volumeId);
+  }
+
+  entries(): IterableIterator<[string, LiveSession]> {
+    return this.live.entries();
+  }
+
+  add(volumeId: string, session: LiveSession): void {
+    this.live.set(volumeId, session);
+  }
+
+  /** The session ends here: no renewal follows. */
+  end(volumeId: string): void {
+    const session = this.live.get(volumeId);
+    if (session) clearInterval(session.renewal);
+    this.live.delete(volumeId);
+  }
+
+  /**
+   * The FUSE server fences by itself when the lease runs out unrenewed (a
+   * renewal that finds a successor fences through lose); either way every
+   * operation fails with EIO, for good, and each refusal is counted here.
+   */
+  fenced(volumeId: string, session: LiveSession, refused: number): void {
+    this.lose(volumeId, session, "the lease ran out unrenewed");
+    for (let i = 0; i < refused; i++) this.metrics.count("stale_epoch_refused");
+  }
+
+  /** Logged once: the state changes once. */
+  lose(volumeId: string, session: LiveSession, why: string): void {
+    if (session.lost) return;
+    session.lost = why;
+    session.mount.fence();
+    clearInterval(session.renewal);
+    this.logger.error(`the mount epoch no longer holds the volume: ${why}. Every read and write of its mount fails with EIO until the volume is unpublished and unstaged on this node`, {
+      volume: volumeId,
+      operation: "epoch_lost",
+    });
+  }
+
+  /** A claim's or renewal's answer: the mount serves longer, or the epoch lost the volume. */
+  applyLease(volumeId: string, session: LiveSession, lease: gitWorker.MountLease | undefined): void {
+    if (!lease || session.lost) return;
+    if (lease.held) {
+      session.serveUntil = Number(lease.serveUntilUnixMs);
+      session.mount.serveUntil(session.serveUntil);
+    } else if (lease.refusal !== gitWorker.LeaseRefusal.LEASE_REFUSAL_NONE) this.lose(volumeId, session, lease.message);
+  }
+}
+
+export function epochLost(volumeId: string, why: string): CsiError {
+  return failedPrecondition(`volume ${volumeId}: the mount epoch no longer holds the volume (${why}); unstage it on this node, then stage it again`);
+}

@@ -1,0 +1,190 @@
+import type { KeyedSerial } from "@git-csi/config";
+import { status } from "@grpc/grpc-js";
+import { call, type CsiError, type gitcsi, gitWorker, unavailable } from "@git-csi/protos";
+import type { MountOwnerDeps } from "./context";
+import { epochLost, type LiveSession, type MountSessions } from "./sessions";
+import type { VolumeRecord } from "./state";
+
+const WORKER_TIMEOUT_MS = 5 * 60_000;
+/** The unstage pushes what the tree holds, but does not wait without end on a worker that hangs. */
+const UNSTAGE_FLUSH_BUDGET_MS = 60_000;
+/** Spec 000: remote release gets five seconds; then the lease runs out by itself. */
+const RELEASE_BUDGET_MS = 5_000;
+/** DeleteVolume does not wait long for a worker that is down: its tree goes when the worker answers. */
+const REMOVE_TIMEOUT_MS = 10_000;
+const PROBE_TIMEOUT_MS = 5_000;
+
+/**
+ * The mount owner's side of the git worker: claim_mount, renew_mount and
+ * release_mount of spec 000, the flushes, and the hand-over of staged
+ * volumes to a worker that restarted.
+ */
+export class WorkerLink {
+  private readonly worker: gitWorker.GitWorkerClient;
+
+  constructor(
+    private readonly deps: MountOwnerDeps,
+    private readonly sessions: MountSessions,
+  ) {
+    this.worker = deps.worker;
+  }
+
+  /** Hands the worker the volume and claim_mount for the epoch; `continues` when the epoch may have served already. */
+  claim(record: VolumeRecord, epoch: string, credential: gitcsi.Credential | undefined, continues: boolean): Promise<gitWorker.PrepareTreeResponse> {
+    return call(
+      this.worker.prepareTree.bind(this.worker),
+      {
+        volumeId: record.volumeId,
+        source: record.source,
+        credential,
+        class: record.volumeClass,
+        claim: record.claim,
+        credentialExpected: record.credentialExpected ?? false,
+        published: record.targets.length > 0,
+        mount: { node: this.deps.nodeId, epoch, accessMode: record.accessMode, leaseMs: this.deps.lease.durationMs, continues },
+      },
+      WORKER_TIMEOUT_MS,
+    );
+  }
+
+  /** renew_mount every renewal interval, for as long as the session lives. */
+  startRenewal(volumeId: string, epoch: string): NodeJS.Timeout {
+    return setInterval(() => void this.renew(volumeId, epoch), this.deps.lease.renewMs);
+  }
+
+  /** renew_mount, through the git worker that holds the credential. */
+  private async renew(volumeId: string, epoch: string): Promise<void> {
+    const session = this.sessions.get(volumeId);
+    if (!session || session.epoch !== epoch || session.lost) return;
+    if (Date.now() >= session.serveUntil) return this.sessions.lose(volumeId, session, "the lease ran out unrenewed");
+    try {
+      const lease = await call(this.worker.renewMount.bind(this.worker), { volumeId, epoch }, this.deps.lease.renewMs);
+      this.sessions.applyLease(volumeId, session, lease);
+    } catch (err) {
+      // A worker that restarted gets the volume back from watch; a remote that is away may answer the next time.
+      this.deps.logger.warn(`renew_mount failed; the mount serves until ${new Date(session.serveUntil).toISOString()} unless a renewal succeeds: ${(err as Error).message}`, {
+        volume: volumeId,
+        operation: "renew_mount",
+      });
+    }
+  }
+
+  /** release_mount with spec 000's budget; local cleanup never waits on a worker or remote that is gone. */
+  async release(volumeId: string, epoch: string): Promise<void> {
+    const answer = await call(this.worker.releaseTree.bind(this.worker), { volumeId, epoch }, RELEASE_BUDGET_MS).catch((err: Error) => ({ released: false, message: err.message }));
+    if (answer.released || epoch === "") return;
+    this.deps.metrics.count("mount_release_deferred");
+    this.deps.logger.warn(`the mount epoch was not released on the remote; its lease runs out by itself: ${answer.message}`, { volume: volumeId, operation: "mount_release_deferred" });
+  }
+
+  /** The last pod stopped: push what the tree holds now. The unstage after it is what insists on the commit. */
+  async flushAtPodStop(volumeId: string): Promise<void> {
+    const result = await call(this.worker.flushVolume.bind(this.worker), { volumeId }, WORKER_TIMEOUT_MS).catch((err: Error) => ({ pushed: false, message: err.message }));
+    this.logFlush(volumeId, result);
+  }
+
+  /**
+   * The unstage answers only once every write the tree holds is in a commit:
+   * pushed, or kept and reported as unpushed. A worker that restarted is
+   * handed the volume first. A commit that fails, or a worker that does not
+   * answer, fails the unstage, and the kubelet retries it.
+   */
+  async commitBeforeLeaving(record: VolumeRecord, epoch: string): Promise<void> {
+    const { volumeId } = record;
+    const flushNow = () => call(this.worker.flushVolume.bind(this.worker), { volumeId }, UNSTAGE_FLUSH_BUDGET_MS);
+    try {
+      const result = await flushNow().catch(async (err: CsiError) => {
+        if (err.code !== status.NOT_FOUND || epoch === "") throw err;
+        await this.claim(record, epoch, undefined, true);
+        return flushNow();
+      });
+      this.logFlush(volumeId, result);
+    } catch (err) {
+      throw unavailable(
+        `volume ${volumeId}: the unstage waits until every write in the node's tree is in a commit, and the git worker could not commit them: ${(err as Error).message}. The writes stay in the tree; the kubelet retries the unstage`,
+      );
+    }
+  }
+
+  private logFlush(volumeId: string, result: gitWorker.FlushVolumeResponse): void {
+    this.deps.logger.log(result.pushed ? "info" : "warn", result.pushed ? "flushed" : `flush did not push: ${result.message}`, { volume: volumeId, operation: "flush" });
+  }
+
+  /** The staged volume to a git worker that restarted: the same epoch continues its lease, the events reach its pods. */
+  async handOver(volumeId: string, live: LiveSession, record: VolumeRecord, credential?: gitcsi.Credential): Promise<void> {
+    const tree = await this.claim(record, live.epoch, credential, true);
+    live.workerInstance = tree.workerInstance;
+    this.sessions.applyLease(volumeId, live, tree.lease);
+    await this.tellPods(volumeId, record.pods ?? {});
+  }
+
+  /**
+   * A publish's Secret. A worker that restarted since the stage knows nothing
+   * of the volume yet: it is handed the volume with this Secret. A worker that
+   * restarted without the Secret claims the lease with it now, and the mount
+   * serves on from that claim.
+   */
+  async setCredential(volumeId: string, live: LiveSession, record: VolumeRecord, credential: gitcsi.Credential | undefined): Promise<void> {
+    const setCredential = () => call(this.worker.setCredential.bind(this.worker), { volumeId, credential }, WORKER_TIMEOUT_MS);
+    const { lease } = await setCredential().catch(async (err: CsiError) => {
+      if (err.code !== status.NOT_FOUND) throw err;
+      await this.handOver(volumeId, live, record, credential);
+      return setCredential();
+    });
+    this.sessions.applyLease(volumeId, live, lease);
+    if (live.lost) throw epochLost(volumeId, live.lost);
+  }
+
+  /** Arms or unarms a staged volume at once. */
+  async setClass(volumeId: string, volumeClass: gitcsi.VolumeClass | undefined, claim?: gitcsi.Claim): Promise<void> {
+    await call(this.worker.setClass.bind(this.worker), { volumeId, class: volumeClass, claim }, WORKER_TIMEOUT_MS);
+  }
+
+  /** The worker posts the volume's events on these pods; a failure costs events, never the publish. */
+  async tellPods(volumeId: string, pods: Record<string, gitcsi.Pod>): Promise<void> {
+    await call(this.worker.setPods.bind(this.worker), { volumeId, pods: Object.values(pods) }, WORKER_TIMEOUT_MS).catch((err: Error) =>
+      this.deps.logger.warn(`the git worker does not know the volume's pods; their events wait for the next publish: ${err.message}`, { volume: volumeId, operation: "set_pods" }),
+    );
+  }
+
+  /** The tree of a volume deleted with reclaim policy Delete; it stays, recorded, until the worker answers. */
+  async removeDeletedTree(volumeId: string): Promise<void> {
+    const { state, logger } = this.deps;
+    const deleted = await state.deletedVolume(volumeId);
+    if (!deleted) return;
+    try {
+      await call(this.worker.removeTree.bind(this.worker), { volumeId, source: deleted.source }, REMOVE_TIMEOUT_MS);
+      await state.forgetDeleted(volumeId);
+    } catch (err) {
+      logger.warn(`the tree of deleted volume ${volumeId} stays until the git worker answers: ${(err as Error).message}`, { volume: volumeId, operation: "delete_volume" });
+    }
+  }
+
+  /** Whether the git worker is ready; a worker that does not answer is not. */
+  probe(): Promise<gitcsi.ProbeResponse> {
+    return call(this.worker.probe.bind(this.worker), {}, PROBE_TIMEOUT_MS).catch((err: Error) => ({ ready: false, message: `git worker does not answer: ${err.message}`, instance: "" }));
+  }
+
+  /** Hands every staged volume to a git worker that restarted and knows none of them, and removes deleted trees it could not. */
+  watch(intervalMs: number, perVolume: KeyedSerial): NodeJS.Timeout {
+    return setInterval(() => {
+      void call(this.worker.probe.bind(this.worker), {}, intervalMs)
+        .then(({ instance }) => this.catchUp(instance, perVolume))
+        .catch((err: Error) => this.deps.logger.warn(`the git worker does not answer: ${err.message}`, { operation: "worker_restart" }));
+    }, intervalMs);
+  }
+
+  private async catchUp(instance: string, perVolume: KeyedSerial): Promise<void> {
+    const { state, logger } = this.deps;
+    for (const volumeId of await state.deletedVolumeIds()) await perVolume.run(volumeId, () => this.removeDeletedTree(volumeId));
+    for (const [volumeId, session] of this.sessions.entries()) {
+      // A lost epoch never serves again: nothing to hand over, and its lease must run out.
+      if (session.workerInstance === instance || session.lost) continue;
+      logger.warn("the git worker restarted; handing it the staged volume again", { volume: volumeId, operation: "worker_restart" });
+      await perVolume.run(volumeId, async () => {
+        const record = await state.volume(volumeId);
+        if (record) await this.handOver(volumeId, session, record);
+      });
+    }
+  }
+}
