@@ -1,6 +1,7 @@
 import { type ChildProcess, spawn } from "node:child_process";
 import { randomBytes } from "node:crypto";
 import * as fs from "node:fs/promises";
+import * as net from "node:net";
 import * as path from "node:path";
 import { type GitCredential, orAbsent } from "@git-csi/config";
 import type { CredentialBroker } from "./broker";
@@ -99,28 +100,62 @@ export async function endOrphanedAgents(socketDir: string): Promise<number> {
   return ended;
 }
 
+/** How long an ssh-agent may take to listen; a busy node is slow, an agent that never listens is broken. */
+const AGENT_START_MS = 10_000;
+
 async function startAgent(socket: string, privateKey: string): Promise<ChildProcess> {
   await fs.rm(socket, { force: true });
-  const agent = spawn("ssh-agent", ["-D", "-a", socket], { stdio: "ignore" });
-  for (
-    let i = 0;
-    i < 100 &&
-    !(await fs.stat(socket).then(
-      () => true,
-      () => false,
-    ));
-    i++
-  )
+  const agent = spawn("ssh-agent", ["-D", "-a", socket], { stdio: ["ignore", "ignore", "pipe"] });
+  try {
+    await agentListening(agent, socket);
+    await addKey(socket, privateKey);
+  } catch (err) {
+    agent.kill();
+    throw err;
+  }
+  return agent;
+}
+
+/**
+ * Resolves once the agent accepts a connection on its socket: the file
+ * appears at bind(), before listen(), so its presence alone proves nothing.
+ * Rejects with the agent's own words when it exits or cannot run, and after
+ * AGENT_START_MS when it never listens.
+ */
+async function agentListening(agent: ChildProcess, socket: string): Promise<void> {
+  let stderr = "";
+  agent.stderr?.on("data", (c: Buffer) => (stderr = (stderr + c.toString()).slice(-2000)));
+  let failure: Error | undefined;
+  const fail = (why: string) => (failure ??= new Error(`the volume's ssh-agent did not start at ${socket}: ${why}`));
+  agent.once("error", (err) => fail(err.message));
+  agent.once("exit", (code, signal) => fail(`it exited (${signal ?? `code ${code}`}) ${stderr.trim()}`.trim()));
+  const deadline = Date.now() + AGENT_START_MS;
+  while (!(await accepts(socket))) {
+    if (failure) throw failure;
+    if (Date.now() >= deadline) throw fail(`it did not listen within ${AGENT_START_MS / 1000} s`);
     await new Promise((r) => setTimeout(r, 20));
-  await new Promise<void>((resolve, reject) => {
+  }
+}
+
+/** True when a unix socket accepts a connection now. */
+function accepts(socket: string): Promise<boolean> {
+  return new Promise((resolve) => {
+    const connection = net.connect(socket, () => {
+      connection.destroy();
+      resolve(true);
+    });
+    connection.once("error", () => resolve(false));
+  });
+}
+
+/** The key into the agent, on stdin: no key file ever exists. */
+function addKey(socket: string, privateKey: string): Promise<void> {
+  return new Promise<void>((resolve, reject) => {
     const add = spawn("ssh-add", ["-q", "-"], { env: { PATH: process.env.PATH ?? "/usr/bin:/bin", SSH_AUTH_SOCK: socket }, stdio: ["pipe", "ignore", "pipe"] });
     let stderr = "";
     add.stderr.on("data", (c: Buffer) => (stderr += c.toString()));
+    add.once("error", reject);
     add.once("exit", (code) => (code === 0 ? resolve() : reject(new Error(`the ssh-privatekey of the volume's Secret is not a usable key: ${stderr.trim()}`))));
     add.stdin.end(privateKey);
-  }).catch((err: unknown) => {
-    agent.kill();
-    throw err;
   });
-  return agent;
 }
