@@ -431,12 +431,32 @@ describe("the spine: three services, the CSI surface, a real FUSE mount", () => 
     const worker = dialUnix(gitWorker.GitWorkerClient, `unix://${path.join(driver.stateDir, "sockets", "git-worker.sock")}`);
     t.after(() => worker.close());
     const before = await snapshot(driver.stateDir);
-    const mount = { node: "e2e-node", epoch: "e1", accessMode: gitcsi.AccessMode.READ_WRITE_ONCE, leaseMs: 90_000, continues: false };
-    const prepare = (source: gitcsi.VolumeSource) => call(worker.prepareTree.bind(worker), gitWorker.PrepareTreeRequest.fromPartial({ volumeId: "worker-direct", source, mount }), T);
+    const prepare = (source: gitcsi.VolumeSource) => call(worker.prepareTree.bind(worker), gitWorker.PrepareTreeRequest.fromPartial({ volumeId: "worker-direct", source }), T);
     const ownStore = `file://${path.join(driver.stateDir, "repos")}`;
     await refused(prepare({ url: ownStore, ref: "main" }), status.INVALID_ARGUMENT, `volume_context.url ${JSON.stringify(ownStore)} must be a remote git URL`);
     await refused(prepare({ url, ref: "--help" }), status.INVALID_ARGUMENT, 'volume_context.ref "--help" must name a branch');
     assert.deepEqual(await snapshot(driver.stateDir), before);
+  });
+
+  test("the git worker's steps are spec 000's: PrepareTree claims nothing, ClaimMount claims, ReleaseMount releases", async (t) => {
+    const worker = dialUnix(gitWorker.GitWorkerClient, `unix://${path.join(driver.stateDir, "sockets", "git-worker.sock")}`);
+    t.after(() => worker.close());
+    const volumeId = "worker-steps";
+    const ownerRef = `refs/git-csi/owner/${volumeId}`;
+    const owner = () => server.git("config.git", "show", "-s", "--format=%B", ownerRef).catch(() => undefined);
+    const mount = { node: "e2e-node", epoch: "worker-steps-epoch", accessMode: gitcsi.AccessMode.READ_WRITE_ONCE, leaseMs: 90_000, continues: false };
+    const claim = (request: Partial<gitWorker.ClaimMountRequest>) => call(worker.claimMount.bind(worker), gitWorker.ClaimMountRequest.fromPartial(request), T);
+    await refused(claim({ volumeId, mount }), status.FAILED_PRECONDITION, ["no prepared tree", "PrepareTree comes first"]);
+    const prepared = await call(worker.prepareTree.bind(worker), gitWorker.PrepareTreeRequest.fromPartial({ volumeId, source: { url, ref: "main" } }), T);
+    assert.equal(await fs.readFile(path.join(prepared.treePath, "configuration.yaml"), "utf8"), "homeassistant:\n");
+    assert.equal(await owner(), undefined, "the prepared tree claimed nothing on the remote");
+    await refused(claim({ volumeId, mount: { ...mount, leaseMs: 0 } }), status.INVALID_ARGUMENT, "mount.lease_ms must be a positive number");
+    const claimed = await claim({ volumeId, mount });
+    assert.equal(claimed.lease?.held, true, claimed.lease?.message);
+    assert.match((await owner()) ?? "", /epoch: \S+/, "the owner ref names the epoch");
+    const released = await call(worker.releaseMount.bind(worker), { volumeId, epoch: mount.epoch }, T);
+    assert.equal(released.released, true, released.message);
+    assert.match((await owner()) ?? "", /released: true/);
   });
 
   test("ControllerModifyVolume applies the class to the volume in standalone mode", async () => {

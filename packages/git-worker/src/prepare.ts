@@ -1,81 +1,134 @@
-import { accessModeName, gitWorker, invalidArgument, required } from "@git-csi/protos";
+import { accessModeName, type gitcsi, gitWorker, invalidArgument, failedPrecondition, required } from "@git-csi/protos";
 import { RemoteAccess } from "./access";
 import { fingerprint, parseCredential } from "./credential";
 import { rememberSource } from "./gc";
 import { MountLease, type OnRemote } from "./lease";
 import type { Holder } from "./ownership";
 import type { GitWorkerDeps } from "./service";
-import { prepareTree } from "./stage";
+import { type PreparedTree, prepareTree } from "./stage";
 import { branchOfRef, checkRemoteUrl } from "./store";
 import { VolumeSync } from "./sync";
 
+/** A tree PrepareTree made ready, with the access that reached its remote, waiting for ClaimMount. */
+export interface PreparedVolume {
+  request: gitWorker.PrepareTreeRequest;
+  source: gitcsi.VolumeSource;
+  access: RemoteAccess;
+  tree: PreparedTree;
+  credentialExpected: boolean;
+}
+
+/** The prepared trees no ClaimMount took yet, by volume id. */
+export type Prepared = Map<string, PreparedVolume>;
+
 /**
- * PrepareTree: the volume's tree cloned, or the one the node kept reused;
- * claim_mount of spec 000 before the worker pushes anything; then the tree
- * is watched, by a new sync or by the one that already watches it.
+ * PrepareTree: the volume's tree cloned, or the one the node kept reused.
+ * Nothing is claimed or pushed: the tree waits for ClaimMount.
  */
-export async function prepareVolume(deps: GitWorkerDeps, instance: string, request: gitWorker.PrepareTreeRequest): Promise<gitWorker.PrepareTreeResponse> {
-  const { store, syncs, logger } = deps;
+export async function prepareVolume(deps: GitWorkerDeps, prepared: Prepared, request: gitWorker.PrepareTreeRequest): Promise<gitWorker.PrepareTreeResponse> {
+  const { store, logger } = deps;
   const volumeId = required(request.volumeId, "volume_id");
   const source = required(request.source, "source");
   // Checked again here, before any file is written: the mount owner's socket is not the only way in.
   checkRemoteUrl(required(source.url, "source.url"));
-  const branch = branchOfRef(source.ref);
-  const holder = holderOf(volumeId, request.mount);
-  const data = request.credential?.data;
-  const openAccess = async (secret: Record<string, string> | undefined) => RemoteAccess.open(parseCredential(secret), store.volumeDir(volumeId), store.socketDir(), deps.broker);
-  const existing = syncs.get(volumeId);
-  const access = await openAccess(data);
-  const credentialExpected = request.credentialExpected || fingerprint(data) !== "";
-  // The same epoch again continues the lease the worker holds; anything else is a fresh claim.
-  const lease = existing?.epoch === holder.epoch ? existing.mountLease : new MountLease(holder, (env = {}) => store.repo(source.url, { config: [], env }));
+  branchOfRef(source.ref);
+  const access = await openAccess(deps, volumeId, request.credential?.data);
+  const credentialExpected = request.credentialExpected || fingerprint(request.credential?.data) !== "";
   try {
-    const { tree, claimed } = await deps.perRepository.run(store.repoDir(source.url), async () => {
+    const tree = await deps.perRepository.run(store.repoDir(source.url), async () => {
       await rememberSource(store, volumeId, source);
-      const prepared = await prepareTree(store, volumeId, source, access, credentialExpected && !access.hasCredential);
-      // claim_mount before the worker pushes anything for the volume. A restarted worker without
-      // the Secret claims when the next publish brings it; until then the lease is not renewed.
-      const viaAccess: OnRemote = (operation) => access.run((options) => operation(store.repo(source.url, options)));
-      const claimed = access.hasCredential || !credentialExpected ? await lease.claim(viaAccess) : lease.state();
-      return { tree: prepared, claimed };
+      return prepareTree(store, volumeId, source, access, credentialExpected && !access.hasCredential);
     });
     logger.info(tree.reused ? "reused the work tree the node kept" : "cloned the work tree", { volume: volumeId, operation: "prepare_tree", head: tree.head });
-    const response = { treePath: tree.treePath, head: tree.head, reused: tree.reused, workerInstance: instance, lease: claimed };
-    if (!claimed.held && claimed.refusal !== gitWorker.LeaseRefusal.LEASE_REFUSAL_NONE) {
-      logger.warn(`the mount epoch does not hold the volume: ${claimed.message}`, { volume: volumeId, operation: "claim_mount", refusal: gitWorker.leaseRefusalToJSON(claimed.refusal) });
-      if (!existing) access.close();
-      return response;
-    }
-    if (existing) {
-      existing.useLease(lease);
-      if (request.claim) existing.setClaim(request.claim);
-      access.close();
-    } else {
-      const sync = new VolumeSync({
-        store,
-        volumeId,
-        source,
-        branch,
-        claim: request.claim ?? { namespace: "", name: "", uid: "" },
-        logger,
-        metrics: deps.metrics,
-        access,
-        lease,
-        events: deps.events,
-        credentialExpected,
-        published: request.published,
-        stageFingerprint: fingerprint(data),
-        openAccess,
-        onRepository: (work) => deps.perRepository.run(store.repoDir(source.url), work),
-      });
-      await sync.start(request.class, tree.fetched, tree.reused);
-      syncs.set(volumeId, sync);
-    }
-    return response;
+    dropPrepared(prepared, volumeId);
+    prepared.set(volumeId, { request, source, access, tree, credentialExpected });
+    return { treePath: tree.treePath, head: tree.head, reused: tree.reused };
   } catch (err) {
-    if (!existing) access.close();
+    access.close();
     throw err;
   }
+}
+
+/** A prepared tree no ClaimMount will take: its access, and any ssh-agent with its key, goes. */
+export function dropPrepared(prepared: Prepared, volumeId: string): void {
+  prepared.get(volumeId)?.access.close();
+  prepared.delete(volumeId);
+}
+
+function openAccess(deps: GitWorkerDeps, volumeId: string, secret: Record<string, string> | undefined): Promise<RemoteAccess> {
+  return RemoteAccess.open(parseCredential(secret), deps.store.volumeDir(volumeId), deps.store.socketDir(), deps.broker);
+}
+
+/**
+ * ClaimMount: claim_mount of spec 000 for the prepared tree, before the
+ * worker pushes anything for the volume; then the tree is watched, by a new
+ * sync or by the one that already watches it. A refused claim watches nothing.
+ */
+export async function claimMount(deps: GitWorkerDeps, prepared: Prepared, instance: string, request: gitWorker.ClaimMountRequest): Promise<gitWorker.ClaimMountResponse> {
+  const volumeId = required(request.volumeId, "volume_id");
+  const holder = holderOf(volumeId, request.mount);
+  const ready = prepared.get(volumeId);
+  if (!ready) throw failedPrecondition(`volume ${volumeId} has no prepared tree on this git worker: PrepareTree comes first, and again after a worker restart`);
+  prepared.delete(volumeId);
+  const existing = deps.syncs.get(volumeId);
+  try {
+    const { lease, outcome } = await claimFor(deps, ready, holder, existing);
+    const response = { workerInstance: instance, lease: outcome };
+    if (!outcome.held && outcome.refusal !== gitWorker.LeaseRefusal.LEASE_REFUSAL_NONE) {
+      deps.logger.warn(`the mount epoch does not hold the volume: ${outcome.message}`, { volume: volumeId, operation: "claim_mount", refusal: gitWorker.leaseRefusalToJSON(outcome.refusal) });
+      if (!existing) ready.access.close();
+      return response;
+    }
+    await watch(deps, ready, existing, holder, lease);
+    return response;
+  } catch (err) {
+    if (!existing) ready.access.close();
+    throw err;
+  }
+}
+
+/**
+ * The same epoch again continues the lease the worker holds; anything else is
+ * a fresh claim. A restarted worker without the Secret claims when the next
+ * publish brings it; until then the lease is not renewed.
+ */
+async function claimFor(deps: GitWorkerDeps, ready: PreparedVolume, holder: Holder, existing: VolumeSync | undefined): Promise<{ lease: MountLease; outcome: gitWorker.MountLease }> {
+  const { store } = deps;
+  const { source, access } = ready;
+  const lease = existing?.epoch === holder.epoch ? existing.mountLease : new MountLease(holder, (env = {}) => store.repo(source.url, { config: [], env }));
+  if (!access.hasCredential && ready.credentialExpected) return { lease, outcome: lease.state() };
+  const viaAccess: OnRemote = (operation) => access.run((options) => operation(store.repo(source.url, options)));
+  return { lease, outcome: await deps.perRepository.run(store.repoDir(source.url), () => lease.claim(viaAccess)) };
+}
+
+/** The sync that watches the tree: the existing one takes the lease, or a new one starts. */
+async function watch(deps: GitWorkerDeps, ready: PreparedVolume, existing: VolumeSync | undefined, holder: Holder, lease: MountLease): Promise<void> {
+  const { request, source, access, tree, credentialExpected } = ready;
+  if (existing) {
+    existing.useLease(lease);
+    if (request.claim) existing.setClaim(request.claim);
+    access.close();
+    return;
+  }
+  const sync = new VolumeSync({
+    store: deps.store,
+    volumeId: holder.volumeId,
+    source,
+    branch: branchOfRef(source.ref),
+    claim: request.claim ?? { namespace: "", name: "", uid: "" },
+    logger: deps.logger,
+    metrics: deps.metrics,
+    access,
+    lease,
+    events: deps.events,
+    credentialExpected,
+    published: request.published,
+    stageFingerprint: fingerprint(request.credential?.data),
+    openAccess: (secret) => openAccess(deps, holder.volumeId, secret),
+    onRepository: (work) => deps.perRepository.run(deps.store.repoDir(source.url), work),
+  });
+  await sync.start(request.class, tree.fetched, tree.reused);
+  deps.syncs.set(holder.volumeId, sync);
 }
 
 function holderOf(volumeId: string, claim: gitWorker.MountClaim | undefined): Holder {

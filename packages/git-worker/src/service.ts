@@ -5,7 +5,7 @@ import type { DriverMetrics } from "@git-csi/metrics";
 import { failedPrecondition, gitWorker, notFound, required, unary } from "@git-csi/protos";
 import type { CredentialBroker } from "./broker";
 import { removeTree } from "./gc";
-import { prepareVolume } from "./prepare";
+import { claimMount, dropPrepared, type Prepared, prepareVolume } from "./prepare";
 import type { Store } from "./store";
 import type { VolumeSync } from "./sync";
 import type { EventSink } from "./volume";
@@ -37,11 +37,14 @@ export function gitWorkerService(deps: GitWorkerDeps): gitWorker.GitWorkerServer
     return sync;
   };
   const instance = randomUUID();
+  const prepared: Prepared = new Map();
 
   return {
     probe: unary("probe", logger, async () => ({ ready: true, message: "", instance })),
 
-    prepareTree: unary("prepare_tree", logger, (request: gitWorker.PrepareTreeRequest) => prepareVolume(deps, instance, request)),
+    prepareTree: unary("prepare_tree", logger, (request: gitWorker.PrepareTreeRequest) => prepareVolume(deps, prepared, request)),
+
+    claimMount: unary("claim_mount", logger, (request: gitWorker.ClaimMountRequest) => claimMount(deps, prepared, instance, request)),
 
     setCredential: unary("set_credential", logger, async (request: gitWorker.SetCredentialRequest) => {
       const sync = syncOf(required(request.volumeId, "volume_id"));
@@ -79,8 +82,9 @@ export function gitWorkerService(deps: GitWorkerDeps): gitWorker.GitWorkerServer
       return sync.renewMount();
     }),
 
-    releaseTree: unary("release_tree", logger, async (request: gitWorker.ReleaseTreeRequest) => {
+    releaseMount: unary("release_mount", logger, async (request: gitWorker.ReleaseMountRequest) => {
       const volumeId = required(request.volumeId, "volume_id");
+      dropPrepared(prepared, volumeId);
       const sync = syncs.get(volumeId);
       syncs.delete(volumeId);
       if (!sync) return { released: false, message: `the git worker does not serve volume ${volumeId}: it restarted since the stage, and holds no credential to release the mount epoch` };

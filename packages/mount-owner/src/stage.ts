@@ -6,6 +6,7 @@ import { newSession, readSession, removeSession, type SessionRecord, writeSessio
 import { epochLost, type LiveSession } from "./sessions";
 import { checkIdentity, type VolumeRecord } from "./state";
 import { applyVolumeMountGroup } from "./volume-group";
+import type { ClaimedTree } from "./worker-link";
 
 /** NodeStageVolume: claim_mount for the session's epoch, the record, then the FUSE mount; the session completed last. */
 export async function stage(owner: Owner, request: mountOwner.StageVolumeRequest, volumeId: string): Promise<mountOwner.StageVolumeResponse> {
@@ -75,12 +76,7 @@ async function provisionedClass(owner: Owner, volumeId: string): Promise<gitcsi.
  * ran out or was released and no mount of the volume exists, a fresh epoch
  * claims instead of the dead one.
  */
-async function claimForStage(
-  owner: Owner,
-  planned: VolumeRecord,
-  session: SessionRecord,
-  credential: gitcsi.Credential | undefined,
-): Promise<{ tree: gitWorker.PrepareTreeResponse; session: SessionRecord }> {
+async function claimForStage(owner: Owner, planned: VolumeRecord, session: SessionRecord, credential: gitcsi.Credential | undefined): Promise<{ tree: ClaimedTree; session: SessionRecord }> {
   const tree = await owner.link.claim(planned, session.epoch, credential, session.completed);
   const refusal = tree.lease?.refusal ?? gitWorker.LeaseRefusal.LEASE_REFUSAL_NONE;
   const ranOut = refusal === gitWorker.LeaseRefusal.LEASE_REFUSAL_EXPIRED || refusal === gitWorker.LeaseRefusal.LEASE_REFUSAL_RELEASED;
@@ -98,7 +94,7 @@ async function applyGroup(owner: Owner, volumeId: string, treePath: string, grou
 }
 
 /** The FUSE session at the staging path, renewed from now on; a mount that fails leaves no session. */
-async function serve(owner: Owner, volumeId: string, stagingPath: string, tree: gitWorker.PrepareTreeResponse, epoch: string): Promise<void> {
+async function serve(owner: Owner, volumeId: string, stagingPath: string, tree: ClaimedTree, epoch: string): Promise<void> {
   // A mount a dead mount owner left behind answers ENOTCONN; it goes before the new session.
   await unmountAll(stagingPath);
   await fs.mkdir(stagingPath, { recursive: true });

@@ -14,6 +14,9 @@ const RELEASE_BUDGET_MS = 5_000;
 const REMOVE_TIMEOUT_MS = 10_000;
 const PROBE_TIMEOUT_MS = 5_000;
 
+/** The prepared tree and the claim_mount's outcome for it. */
+export type ClaimedTree = gitWorker.PrepareTreeResponse & gitWorker.ClaimMountResponse;
+
 /**
  * The mount owner's side of the git worker: claim_mount, renew_mount and
  * release_mount of spec 000, the flushes, and the hand-over of staged
@@ -29,9 +32,9 @@ export class WorkerLink {
     this.worker = deps.worker;
   }
 
-  /** Hands the worker the volume and claim_mount for the epoch; `continues` when the epoch may have served already. */
-  claim(record: VolumeRecord, epoch: string, credential: gitcsi.Credential | undefined, continues: boolean): Promise<gitWorker.PrepareTreeResponse> {
-    return call(
+  /** PrepareTree, then ClaimMount for the epoch; `continues` when the epoch may have served already. */
+  async claim(record: VolumeRecord, epoch: string, credential: gitcsi.Credential | undefined, continues: boolean): Promise<ClaimedTree> {
+    const tree = await call(
       this.worker.prepareTree.bind(this.worker),
       {
         volumeId: record.volumeId,
@@ -41,10 +44,12 @@ export class WorkerLink {
         claim: record.claim,
         credentialExpected: record.credentialExpected ?? false,
         published: record.targets.length > 0,
-        mount: { node: this.deps.nodeId, epoch, accessMode: record.accessMode, leaseMs: this.deps.lease.durationMs, continues },
       },
       WORKER_TIMEOUT_MS,
     );
+    const mount = { node: this.deps.nodeId, epoch, accessMode: record.accessMode, leaseMs: this.deps.lease.durationMs, continues };
+    const claimed = await call(this.worker.claimMount.bind(this.worker), { volumeId: record.volumeId, mount }, WORKER_TIMEOUT_MS);
+    return { ...tree, ...claimed };
   }
 
   /** renew_mount every renewal interval, for as long as the session lives. */
@@ -71,7 +76,7 @@ export class WorkerLink {
 
   /** release_mount with spec 000's budget; local cleanup never waits on a worker or remote that is gone. */
   async release(volumeId: string, epoch: string): Promise<void> {
-    const answer = await call(this.worker.releaseTree.bind(this.worker), { volumeId, epoch }, RELEASE_BUDGET_MS).catch((err: Error) => ({ released: false, message: err.message }));
+    const answer = await call(this.worker.releaseMount.bind(this.worker), { volumeId, epoch }, RELEASE_BUDGET_MS).catch((err: Error) => ({ released: false, message: err.message }));
     if (answer.released || epoch === "") return;
     this.deps.metrics.count("mount_release_deferred");
     this.deps.logger.warn(`the mount epoch was not released on the remote; its lease runs out by itself: ${answer.message}`, { volume: volumeId, operation: "mount_release_deferred" });
