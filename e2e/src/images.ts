@@ -1,16 +1,17 @@
 // Test helper: the chart's images, made without a Docker daemon, a registry or
 // a base-image pull, as OCI image archives that `ctr images import` loads.
 //
-// The Dockerfiles (packages/*/Dockerfile) stay the published recipe, and this
-// file reads them: the final stage's base, apt-get install list, ENV,
-// WORKDIR, USER and ENTRYPOINT, and the build stage's `pnpm deploy --filter`.
-// An instruction it does not know fails the build, so the two cannot drift
-// apart silently. What the Dockerfile pulls, this makes from local parts:
+// The Dockerfile at the root stays the published recipe, and this file reads
+// it: each image's target stage (its base, apt-get install list, ENV,
+// WORKDIR, USER and ENTRYPOINT) and the build stage's `pnpm deploy --filter`
+// whose output the target copies to /app. An instruction it does not know
+// fails the build, so the two cannot drift apart silently. What the
+// Dockerfile pulls, this makes from local parts:
 //
 //   layer 1  the base (node:20-bookworm-slim): a Debian root filesystem made
 //            of the files of the Debian packages installed on this machine
 //            (base system, Node.js), as `make apt` installed them
-//   layer 2  the Dockerfile's apt-get install list, with its dependencies
+//   layer 2  the target's apt-get install list, with its dependencies
 //   layer 3  /app: `pnpm deploy --filter <package> --prod`, the built dist and
 //            production node_modules, native addons (.node) included
 //
@@ -29,9 +30,9 @@ import { promisify } from "node:util";
 const ROOT = path.join(__dirname, "..", "..", "..");
 const run = promisify(execFile);
 
-/** What a Dockerfile's final stage says, in the words this builder acts on. */
+/** What a Dockerfile's target stage says, in the words this builder acts on. */
 export interface Recipe {
-  /** The package directory under packages/. */
+  /** The Dockerfile target, which is also the package directory under packages/. */
   service: string;
   /** The workspace package `pnpm deploy --filter` deploys to /app. */
   deploy: string;
@@ -43,7 +44,7 @@ export interface Recipe {
   entrypoint: string[];
 }
 
-/** The one base the Dockerfiles use, and the Debian packages that stand for it. */
+/** The one base the Dockerfile's targets use, and the Debian packages that stand for it. */
 const BASES: Record<string, string[]> = {
   // bookworm-slim's essential set that an image's programs use, and Node.js.
   "node:20-bookworm-slim": ["base-files", "base-passwd", "bash", "coreutils", "dash", "debianutils", "findutils", "grep", "gzip", "hostname", "libc-bin", "sed", "tar", "nodejs"],
@@ -59,46 +60,60 @@ const OMITTED = new Set(["python3"]);
  */
 const SLIM = /^\/usr\/(share\/(doc|man|info|locale|lintian|bug)\/|lib\/node_modules\/|bin\/(npm|npx|corepack)$)/;
 
-/** Reads packages/<service>/Dockerfile. */
+/** Reads the Dockerfile's target for a service. */
 export function recipeOf(service: string): Recipe {
-  const file = path.join(ROOT, "packages", service, "Dockerfile");
+  const file = path.join(ROOT, "Dockerfile");
   return parseDockerfile(service, readFileSync(file, "utf8"), file);
 }
 
-/** The final stage of a Dockerfile as a Recipe; throws naming the line it cannot follow. */
-export function parseDockerfile(service: string, text: string, file: string): Recipe {
-  const lines = text
+/** A Dockerfile's stages by name (`FROM … AS name`), each its instructions, continuation lines joined, comments left out. */
+function stagesOf(text: string, file: string): Map<string, string[]> {
+  const stages = new Map<string, string[]>();
+  let current: string[] | undefined;
+  for (const line of text
     .replace(/\\\n/g, " ")
     .split("\n")
-    .map((l) => l.trim())
-    .filter((l) => l && !l.startsWith("#"));
-  const stages: string[][] = [];
-  for (const line of lines) {
-    if (/^FROM\s/i.test(line)) stages.push([]);
-    stages.at(-1)?.push(line);
+    .map((l) => l.trim())) {
+    if (!line || line.startsWith("#")) continue;
+    const from = /^FROM\s+\S+(?:\s+AS\s+(\S+))?$/i.exec(line);
+    if (from) stages.set(from[1] ?? `stage-${stages.size}`, (current = []));
+    if (!current) throw new Error(`${file}: '${line}' before any FROM`);
+    current.push(line);
   }
-  const final = stages.at(-1);
-  if (!final) throw new Error(`${file}: no FROM`);
-  const deploy = stages
-    .flat()
-    .map((l) => /pnpm deploy --filter (\S+)/.exec(l)?.[1])
-    .find(Boolean);
-  if (!deploy) throw new Error(`${file}: no 'pnpm deploy --filter <package>' in a build stage`);
-  const recipe: Recipe = { service, deploy, base: "", packages: [], env: {}, workdir: "/", user: "root", entrypoint: [] };
-  for (const line of final) {
+  return stages;
+}
+
+/** The target stage `service` of a Dockerfile as a Recipe; throws naming the line it cannot follow. */
+export function parseDockerfile(service: string, text: string, file: string): Recipe {
+  const stages = stagesOf(text, file);
+  const target = stages.get(service);
+  if (!target) throw new Error(`${file}: no target ${service} (FROM … AS ${service})`);
+  const recipe: Recipe = { service, deploy: "", base: "", packages: [], env: {}, workdir: "/", user: "root", entrypoint: [] };
+  for (const line of target) {
     const [instruction, rest] = [line.split(/\s+/, 1)[0]!.toUpperCase(), line.replace(/^\S+\s+/, "")];
+    const copied = /^--from=(\S+) (\S+) \/app$/.exec(rest);
     if (instruction === "FROM") recipe.base = rest.split(/\s+/)[0]!;
     else if (instruction === "RUN" && /apt-get install/.test(rest)) recipe.packages = aptInstallList(rest, file);
     else if (instruction === "ENV") Object.assign(recipe.env, Object.fromEntries([...rest.matchAll(/(\w+)=(\S+)/g)].map((m) => [m[1]!, m[2]!])));
     else if (instruction === "WORKDIR") recipe.workdir = rest;
     else if (instruction === "USER") recipe.user = rest;
     else if (instruction === "ENTRYPOINT") recipe.entrypoint = JSON.parse(rest) as string[];
-    else if (instruction === "COPY" && rest === "--from=build /out /app") continue;
-    else throw new Error(`${file}: the image builder does not know the final stage's '${line}'`);
+    else if (instruction === "COPY" && copied) recipe.deploy = deployedTo(stages.get(copied[1]!) ?? [], copied[2]!, file);
+    else throw new Error(`${file}: the image builder does not know target ${service}'s '${line}'`);
   }
+  if (!recipe.deploy) throw new Error(`${file}: target ${service} copies no 'pnpm deploy' output to /app`);
   if (!BASES[recipe.base]) throw new Error(`${file}: base ${recipe.base} is not one of ${Object.keys(BASES).join(", ")}`);
   if (recipe.entrypoint.length === 0) throw new Error(`${file}: no ENTRYPOINT`);
   return recipe;
+}
+
+/** The workspace package a build stage's `pnpm deploy --filter <package> … <dir>` puts at dir. */
+function deployedTo(stage: string[], dir: string, file: string): string {
+  for (const command of stage.flatMap((line) => line.split("&&"))) {
+    const deploy = /pnpm deploy --filter (\S+) .*?(\S+)$/.exec(command.trim());
+    if (deploy?.[2] === dir) return deploy[1]!;
+  }
+  throw new Error(`${file}: no 'pnpm deploy --filter <package> … ${dir}' in the stage the target copies from`);
 }
 
 function aptInstallList(run: string, file: string): string[] {
@@ -423,7 +438,7 @@ export function sidecarBinary(ref: string): string {
 /** The chart's image keys of the driver's three services, and their packages. */
 export const DRIVER_IMAGES = { csiFrontend: "csi-frontend", mountOwner: "mount-owner", gitWorker: "git-worker" } as const;
 
-/** The archive of one service's image, made from its Dockerfile, at dir/<service>.tar. */
+/** The archive of one service's image, made from its Dockerfile target, at dir/<service>.tar. */
 export async function driverImage(service: string, ref: string, dir: string): Promise<string> {
   const recipe = recipeOf(service);
   const app = path.join(dir, `${service}-app`);
@@ -437,7 +452,7 @@ export async function driverImage(service: string, ref: string, dir: string): Pr
 
 /**
  * Archives of every image the chart runs by default, under the references it
- * names, into dir: the three driver images from their Dockerfiles, and the
+ * names, into dir: the three driver images from the Dockerfile's targets, and the
  * two controller sidecars.
  */
 export async function chartImages(dir: string): Promise<string[]> {
