@@ -34,13 +34,16 @@ RUN --mount=type=cache,id=pnpm-store,target=/root/.local/share/pnpm/store \
  && pnpm deploy --filter @git-csi/mount-owner --prod --legacy /out/mount-owner \
  && pnpm deploy --filter @git-csi/git-worker --prod --legacy /out/git-worker
 
+# What every image shares: the slim Node.js base, production mode, /app.
+FROM node:20-bookworm-slim AS runtime
+ENV NODE_ENV=production
+WORKDIR /app
+
 # Runs as the unprivileged `node` user (uid 1000) by default: it only serves
 # and dials unix sockets. The Helm chart's node plugin runs it as uid 0 with
 # every capability dropped, because there its sockets are in root-owned host
 # directories (the kubelet's plugin directory, the state's sockets directory).
-FROM node:20-bookworm-slim AS csi-frontend
-ENV NODE_ENV=production
-WORKDIR /app
+FROM runtime AS csi-frontend
 COPY --from=build /out/csi-frontend /app
 USER node
 ENTRYPOINT ["node", "/app/dist/src/main.js"]
@@ -50,14 +53,12 @@ ENTRYPOINT ["node", "/app/dist/src/main.js"]
 # targets, and Bidirectional mount propagation is only allowed for a
 # privileged container. (The chart's controller runs it as uid 1000: there it
 # only keeps records.)
-FROM node:20-bookworm-slim AS mount-owner
+FROM runtime AS mount-owner
 # fuse3: libfuse3.so.3, which the addon links, fusermount3 and /etc/fuse.conf; util-linux and mount: mount and umount for
 # the bind mounts and for unmounting a dead FUSE connection.
 RUN apt-get update \
  && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends fuse3 util-linux mount \
  && rm -rf /var/lib/apt/lists/*
-ENV NODE_ENV=production
-WORKDIR /app
 COPY --from=build /out/mount-owner /app
 USER root
 ENTRYPOINT ["node", "/app/dist/src/main.js"]
@@ -67,15 +68,13 @@ ENTRYPOINT ["node", "/app/dist/src/main.js"]
 # onto each work tree, which takes chown. The Helm chart keeps only the
 # capabilities that needs (CHOWN, DAC_OVERRIDE, FOWNER, FSETID) and runs the
 # controller's copy, which runs no git against a remote, as uid 1000.
-FROM node:20-bookworm-slim AS git-worker
+FROM runtime AS git-worker
 # git; openssh-client: ssh, ssh-agent and ssh-add for ssh remotes;
 # ca-certificates: https remotes; tini: reaps the processes git and ssh leave
 # behind, which node as PID 1 would not.
 RUN apt-get update \
  && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends git openssh-client ca-certificates tini \
  && rm -rf /var/lib/apt/lists/*
-ENV NODE_ENV=production
-WORKDIR /app
 COPY --from=build /out/git-worker /app
 USER root
 ENTRYPOINT ["/usr/bin/tini", "--", "node", "/app/dist/src/main.js"]

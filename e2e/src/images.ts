@@ -83,28 +83,35 @@ function stagesOf(text: string, file: string): Map<string, string[]> {
   return stages;
 }
 
-/** The target stage `service` of a Dockerfile as a Recipe; throws naming the line it cannot follow. */
+/** The target stage `service` of a Dockerfile as a Recipe, on top of the stage it starts FROM; throws naming the line it cannot follow. */
 export function parseDockerfile(service: string, text: string, file: string): Recipe {
   const stages = stagesOf(text, file);
-  const target = stages.get(service);
-  if (!target) throw new Error(`${file}: no target ${service} (FROM … AS ${service})`);
   const recipe: Recipe = { service, deploy: "", base: "", packages: [], env: {}, workdir: "/", user: "root", entrypoint: [] };
-  for (const line of target) {
+  readStage(stages, service, recipe, file);
+  if (!recipe.deploy) throw new Error(`${file}: target ${service} copies no 'pnpm deploy' output to /app`);
+  if (!BASES[recipe.base]) throw new Error(`${file}: base ${recipe.base} is not one of ${Object.keys(BASES).join(", ")}`);
+  if (recipe.entrypoint.length === 0) throw new Error(`${file}: no ENTRYPOINT`);
+  return recipe;
+}
+
+/** One stage's instructions into the recipe; a FROM that names another stage reads that stage first. */
+function readStage(stages: Map<string, string[]>, name: string, recipe: Recipe, file: string): void {
+  const stage = stages.get(name);
+  if (!stage) throw new Error(`${file}: no target ${name} (FROM … AS ${name})`);
+  for (const line of stage) {
     const [instruction, rest] = [line.split(/\s+/, 1)[0]!.toUpperCase(), line.replace(/^\S+\s+/, "")];
     const copied = /^--from=(\S+) (\S+) \/app$/.exec(rest);
-    if (instruction === "FROM") recipe.base = rest.split(/\s+/)[0]!;
+    const from = rest.split(/\s+/)[0]!;
+    if (instruction === "FROM" && stages.has(from)) readStage(stages, from, recipe, file);
+    else if (instruction === "FROM") recipe.base = from;
     else if (instruction === "RUN" && /apt-get install/.test(rest)) recipe.packages = aptInstallList(rest, file);
     else if (instruction === "ENV") Object.assign(recipe.env, Object.fromEntries([...rest.matchAll(/(\w+)=(\S+)/g)].map((m) => [m[1]!, m[2]!])));
     else if (instruction === "WORKDIR") recipe.workdir = rest;
     else if (instruction === "USER") recipe.user = rest;
     else if (instruction === "ENTRYPOINT") recipe.entrypoint = JSON.parse(rest) as string[];
     else if (instruction === "COPY" && copied) recipe.deploy = deployedTo(stages.get(copied[1]!) ?? [], copied[2]!, file);
-    else throw new Error(`${file}: the image builder does not know target ${service}'s '${line}'`);
+    else throw new Error(`${file}: the image builder does not know target ${name}'s '${line}'`);
   }
-  if (!recipe.deploy) throw new Error(`${file}: target ${service} copies no 'pnpm deploy' output to /app`);
-  if (!BASES[recipe.base]) throw new Error(`${file}: base ${recipe.base} is not one of ${Object.keys(BASES).join(", ")}`);
-  if (recipe.entrypoint.length === 0) throw new Error(`${file}: no ENTRYPOINT`);
-  return recipe;
 }
 
 /** The workspace package a build stage's `pnpm deploy --filter <package> … <dir>` puts at dir. */

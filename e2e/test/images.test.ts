@@ -30,6 +30,10 @@ test("a Dockerfile line the image builder does not follow fails, naming the line
   const dockerfile = (final: string) =>
     `FROM node:20-bookworm AS build\nRUN pnpm deploy --filter @git-csi/y --prod --legacy /out/y && pnpm deploy --filter @git-csi/x --prod --legacy /out/x\nFROM node:20-bookworm-slim AS x\nCOPY --from=build /out/x /app\n${final}\nENTRYPOINT ["node"]\n`;
   assert.equal(parseDockerfile("x", dockerfile(""), "x/Dockerfile").deploy, "@git-csi/x");
+  // A target on a stage of the file takes that stage's settings, and may change them.
+  const onRuntime = dockerfile("USER node").replace("FROM node:20-bookworm-slim AS x", "FROM node:20-bookworm-slim AS runtime\nENV NODE_ENV=production\nWORKDIR /app\nUSER root\nFROM runtime AS x");
+  const x = parseDockerfile("x", onRuntime, "x/Dockerfile");
+  assert.deepEqual([x.base, x.env, x.workdir, x.user], ["node:20-bookworm-slim", { NODE_ENV: "production" }, "/app", "node"]);
   assert.throws(() => parseDockerfile("x", dockerfile("VOLUME /data"), "x/Dockerfile"), /x\/Dockerfile: the image builder does not know target x's 'VOLUME \/data'/);
   assert.throws(() => parseDockerfile("x", dockerfile("COPY extra /extra"), "x/Dockerfile"), /COPY extra \/extra/);
   assert.throws(() => parseDockerfile("x", dockerfile("").replace("node:20-bookworm-slim", "alpine:3"), "x/Dockerfile"), /base alpine:3 is not one of node:20-bookworm-slim/);
