@@ -45,29 +45,13 @@ export function controllerService(owner: mountOwner.MountOwnerClient, logger: Lo
     })),
 
     createVolume: unary("create_volume", logger, async (request: csi.CreateVolumeRequest) => {
-      const name = volumeIdOf(request.name, "name");
-      const accessMode = accessModeOfAll(request.volumeCapabilities, "volume_capabilities");
-      if (request.volumeContentSource) throw invalidArgument("volume_content_source: a git volume is not made from a snapshot or a clone; name the repository in parameters.url");
-      const userParameters = Object.fromEntries(Object.entries(request.parameters).filter(([k]) => !k.startsWith(PROVISIONER_PREFIX)));
-      const unknown = Object.keys(userParameters).filter((k) => k !== "url" && k !== "ref");
-      if (unknown.length > 0) throw invalidArgument(`parameters ${unknown.join(", ")}: a StorageClass takes only url and ref; commit and push policy belongs in a VolumeAttributesClass`);
-      const source = sourceOf(userParameters, "parameters");
-      checkClassParameters(request.mutableParameters, "mutable_parameters");
-      const range = request.capacityRange;
-      if (range && (range.requiredBytes < 0 || range.limitBytes < 0)) throw invalidArgument("capacity_range: required_bytes and limit_bytes must not be negative");
-      if (range && range.limitBytes > 0 && range.requiredBytes > range.limitBytes) {
-        throw invalidArgument(`capacity_range.required_bytes ${range.requiredBytes} exceeds limit_bytes ${range.limitBytes}`);
-      }
-      const { volume } = await call(
-        owner.createVolume.bind(owner),
-        { name, capacityBytes: range?.requiredBytes || range?.limitBytes || 0, source, accessMode, classParameters: request.mutableParameters },
-        TIMEOUT_MS,
-      );
+      const wanted = createRequestOf(request);
+      const { volume } = await call(owner.createVolume.bind(owner), wanted, TIMEOUT_MS);
       return {
         volume: {
           volumeId: volume!.volumeId,
           capacityBytes: volume!.capacityBytes,
-          volumeContext: { url: source.url, ref: source.ref, [ACCESS_MODE_KEY]: describeAccessMode(accessMode) },
+          volumeContext: { url: wanted.source!.url, ref: wanted.source!.ref, [ACCESS_MODE_KEY]: describeAccessMode(wanted.accessMode) },
           contentSource: undefined,
           accessibleTopology: [],
         },
@@ -86,15 +70,7 @@ export function controllerService(owner: mountOwner.MountOwnerClient, logger: Lo
       const volumeId = volumeIdOf(request.volumeId);
       if (request.volumeCapabilities.length === 0) throw invalidArgument("volume_capabilities is required");
       const volume = await getVolume(volumeId);
-      const problems: string[] = [];
-      request.volumeCapabilities.forEach((capability, i) => {
-        try {
-          const mode = accessModeOf(capability, `volume_capabilities[${i}]`);
-          if (mode !== volume.accessMode) problems.push(`volume_capabilities[${i}] asks for ${describeAccessMode(mode)}, the volume is ${describeAccessMode(volume.accessMode)}`);
-        } catch (err) {
-          problems.push((err as Error).message);
-        }
-      });
+      const problems = capabilityProblems(request.volumeCapabilities, volume.accessMode);
       if (problems.length > 0) return { confirmed: undefined, message: problems.join("; ") };
       return {
         confirmed: { volumeContext: request.volumeContext, volumeCapabilities: [capabilityOf(volume.accessMode)], parameters: request.parameters, mutableParameters: request.mutableParameters },
@@ -111,4 +87,36 @@ export function controllerService(owner: mountOwner.MountOwnerClient, logger: Lo
       return {};
     }),
   };
+}
+
+/** CreateVolume's request as the mount owner's, each field checked: a bad one is InvalidArgument naming it. */
+function createRequestOf(request: csi.CreateVolumeRequest): mountOwner.CreateVolumeRequest {
+  const name = volumeIdOf(request.name, "name");
+  const accessMode = accessModeOfAll(request.volumeCapabilities, "volume_capabilities");
+  if (request.volumeContentSource) throw invalidArgument("volume_content_source: a git volume is not made from a snapshot or a clone; name the repository in parameters.url");
+  const userParameters = Object.fromEntries(Object.entries(request.parameters).filter(([k]) => !k.startsWith(PROVISIONER_PREFIX)));
+  const unknown = Object.keys(userParameters).filter((k) => k !== "url" && k !== "ref");
+  if (unknown.length > 0) throw invalidArgument(`parameters ${unknown.join(", ")}: a StorageClass takes only url and ref; commit and push policy belongs in a VolumeAttributesClass`);
+  const source = sourceOf(userParameters, "parameters");
+  checkClassParameters(request.mutableParameters, "mutable_parameters");
+  const range = request.capacityRange;
+  if (range && (range.requiredBytes < 0 || range.limitBytes < 0)) throw invalidArgument("capacity_range: required_bytes and limit_bytes must not be negative");
+  if (range && range.limitBytes > 0 && range.requiredBytes > range.limitBytes) {
+    throw invalidArgument(`capacity_range.required_bytes ${range.requiredBytes} exceeds limit_bytes ${range.limitBytes}`);
+  }
+  return { name, capacityBytes: range?.requiredBytes || range?.limitBytes || 0, source, accessMode, classParameters: request.mutableParameters };
+}
+
+/** Why each capability the volume cannot serve is refused; none when it serves them all. */
+function capabilityProblems(capabilities: csi.VolumeCapability[], accessMode: gitcsi.AccessMode): string[] {
+  const problems: string[] = [];
+  capabilities.forEach((capability, i) => {
+    try {
+      const mode = accessModeOf(capability, `volume_capabilities[${i}]`);
+      if (mode !== accessMode) problems.push(`volume_capabilities[${i}] asks for ${describeAccessMode(mode)}, the volume is ${describeAccessMode(accessMode)}`);
+    } catch (err) {
+      problems.push((err as Error).message);
+    }
+  });
+  return problems;
 }

@@ -1,5 +1,5 @@
 import type { Logger } from "@git-csi/logging";
-import { call, csi, type mountOwner, unary } from "@git-csi/protos";
+import { call, csi, type gitcsi, type mountOwner, unary } from "@git-csi/protos";
 import { checkContextMode, requiredCapability, volumeMountGroupOf } from "./capabilities";
 import { absolutePath, credentialFrom, podOf, sourceOf, volumeIdOf } from "./validate";
 
@@ -20,12 +20,9 @@ export function nodeService(nodeId: string, owner: mountOwner.MountOwnerClient, 
     nodeStageVolume: unary("stage", logger, async (request: csi.NodeStageVolumeRequest) => {
       const volumeId = volumeIdOf(request.volumeId);
       const stagingPath = absolutePath(request.stagingTargetPath, "staging_target_path");
-      const accessMode = requiredCapability(request.volumeCapability, "volume_capability");
-      checkContextMode(request.volumeContext, accessMode);
+      const accessMode = accessModeOfMount(request);
       const source = sourceOf(request.volumeContext, "volume_context");
-      const credential = credentialFrom(request.secrets, "secrets");
-      const volumeMountGroup = volumeMountGroupOf(request.volumeCapability, "volume_capability");
-      await call(owner.stageVolume.bind(owner), { volumeId, stagingPath, source, accessMode, credential, volumeMountGroup }, STAGE_TIMEOUT_MS);
+      await call(owner.stageVolume.bind(owner), { volumeId, stagingPath, source, accessMode, ...credentialAndGroup(request) }, STAGE_TIMEOUT_MS);
       return {};
     }),
 
@@ -40,12 +37,9 @@ export function nodeService(nodeId: string, owner: mountOwner.MountOwnerClient, 
       const volumeId = volumeIdOf(request.volumeId);
       const targetPath = absolutePath(request.targetPath, "target_path");
       const stagingPath = absolutePath(request.stagingTargetPath, "staging_target_path");
-      const accessMode = requiredCapability(request.volumeCapability, "volume_capability");
-      checkContextMode(request.volumeContext, accessMode);
+      const accessMode = accessModeOfMount(request);
       const pod = podOf(request.volumeContext, "volume_context");
-      const credential = credentialFrom(request.secrets, "secrets");
-      const volumeMountGroup = volumeMountGroupOf(request.volumeCapability, "volume_capability");
-      await call(owner.publishVolume.bind(owner), { volumeId, stagingPath, targetPath, readonly: request.readonly, accessMode, credential, pod, volumeMountGroup }, TIMEOUT_MS);
+      await call(owner.publishVolume.bind(owner), { volumeId, stagingPath, targetPath, readonly: request.readonly, accessMode, pod, ...credentialAndGroup(request) }, TIMEOUT_MS);
       return {};
     }),
 
@@ -56,4 +50,20 @@ export function nodeService(nodeId: string, owner: mountOwner.MountOwnerClient, 
       return {};
     }),
   };
+}
+
+/** What a stage or publish carries about how it mounts. */
+type MountRequest = Pick<csi.NodeStageVolumeRequest, "volumeCapability" | "volumeContext" | "secrets">;
+
+/** The capability's access mode, which must be the one the volume was provisioned with. */
+function accessModeOfMount(request: MountRequest): gitcsi.AccessMode {
+  const accessMode = requiredCapability(request.volumeCapability, "volume_capability");
+  checkContextMode(request.volumeContext, accessMode);
+  return accessMode;
+}
+
+/** The Secret as a credential and the pod's fsGroup, each checked. */
+function credentialAndGroup(request: MountRequest): { credential?: gitcsi.Credential; volumeMountGroup: string } {
+  const credential = credentialFrom(request.secrets, "secrets");
+  return { credential, volumeMountGroup: volumeMountGroupOf(request.volumeCapability, "volume_capability") };
 }
