@@ -121,108 +121,30 @@ export async function startSshGitServer(place: SshServerPlace = { address: "127.
   const authorizedKeys = path.join(tmpRoot, "authorized_keys");
   const configFile = path.join(tmpRoot, "sshd_config");
 
-  let sshd: ChildProcess | undefined;
+  let sshd: Sshd | undefined;
   let port = 0;
-  let exited = false;
-  let stderrTail = "";
   const onExit = () => {
     // the test process is exiting without stop(): kill everything, drop the temp dir
-    if (sshd?.pid !== undefined && !exited) killProcessTreeSync(sshd.pid);
+    if (sshd?.child.pid !== undefined && !sshd.exited) killProcessTreeSync(sshd.child.pid);
     rmSync(tmpRoot, { recursive: true, force: true });
   };
   process.once("exit", onExit);
 
   let hostKeyLine: string;
   try {
-    await mkdir(baseDir);
-    await mkdir(workDir);
-    await mkdir(keyDir, { mode: 0o700 });
-    await mkdir(shellHome);
-    await run("ssh-keygen", ["-q", "-t", "ed25519", "-N", "", "-C", "git-csi-e2e-host", "-f", hostKey]);
-    await writeFile(authorizedKeys, "", { mode: 0o600 });
-    const [keyType, keyB64] = (await readFile(`${hostKey}.pub`, "utf8")).trim().split(/\s+/);
+    const [keyType, keyB64] = await prepareDirectories({ baseDir, workDir, keyDir, shellHome, hostKey, authorizedKeys });
 
     for (let attempt = 1; ; attempt++) {
       port = await freePort();
-      await writeFile(
-        configFile,
-        [
-          "# git-csi e2e: private sshd, see e2e/src/ssh-server.ts",
-          `ListenAddress ${host}`,
-          `Port ${port}`,
-          `AddressFamily inet`,
-          `HostKey ${hostKey}`,
-          `PidFile ${path.join(tmpRoot, "sshd.pid")}`,
-          `AuthorizedKeysFile ${authorizedKeys}`,
-          `StrictModes no`,
-          `UsePAM no`,
-          `PermitRootLogin prohibit-password`,
-          `AllowUsers root`,
-          `PubkeyAuthentication yes`,
-          `PasswordAuthentication no`,
-          `KbdInteractiveAuthentication no`,
-          `PermitEmptyPasswords no`,
-          `HostbasedAuthentication no`,
-          `GSSAPIAuthentication no`,
-          `AllowTcpForwarding no`,
-          `AllowStreamLocalForwarding no`,
-          `AllowAgentForwarding no`,
-          `X11Forwarding no`,
-          `PermitTunnel no`,
-          `PermitTTY no`,
-          `PermitUserRC no`,
-          `PermitUserEnvironment no`,
-          `AcceptEnv GIT_PROTOCOL`,
-          `PrintMotd no`,
-          `PrintLastLog no`,
-          `UseDNS no`,
-          `LoginGraceTime 30`,
-          `MaxStartups 100:30:200`,
-          `LogLevel INFO`,
-          "",
-        ].join("\n"),
-      );
-
-      exited = false;
-      stderrTail = "";
-      const sshdArgs = ["-D", "-e", "-f", configFile];
-      const child = place.netns
-        ? spawn("nsenter", [`--net=/run/netns/${place.netns}`, "--", SSHD, ...sshdArgs], { stdio: ["ignore", "ignore", "pipe"] })
-        : spawn(SSHD, sshdArgs, { stdio: ["ignore", "ignore", "pipe"] });
-      sshd = child;
-      const listening = `Server listening on ${host} port ${port}.`;
-      let ready = false;
-      let wake: () => void = () => {};
-      child.stderr?.on("data", (b: Buffer) => {
-        stderrTail = (stderrTail + b.toString("utf8")).slice(-8192);
-        if (!ready && stderrTail.includes(listening)) {
-          ready = true;
-          wake();
-        }
-      });
-      child.on("exit", () => {
-        if (sshd === child) exited = true;
-        wake();
-      });
-      child.on("error", (e) => {
-        if (sshd === child) exited = true;
-        stderrTail += `\nspawn error: ${e.message}`;
-        wake();
-      });
-      await new Promise<void>((r) => {
-        const t = setTimeout(r, 10_000);
-        wake = () => {
-          clearTimeout(t);
-          r();
-        };
-        if (ready || exited) wake();
-      });
-      if (ready && !exited) break;
-      await stopProcessTree(child, 500);
+      await writeFile(configFile, sshdConfig({ host, port, hostKey, authorizedKeys, pidFile: path.join(tmpRoot, "sshd.pid") }));
+      const launched = await launchSshd(configFile, place, `Server listening on ${host} port ${port}.`);
+      sshd = launched.sshd;
+      if (launched.ready) break;
+      await stopProcessTree(sshd.child, 500);
       sshd = undefined;
-      const bindRace = /Address already in use|Cannot bind/i.test(stderrTail);
+      const bindRace = /Address already in use|Cannot bind/i.test(launched.stderrTail);
       if (!bindRace || attempt >= 5) {
-        throw new Error(`sshd did not start on ${host}:${port}: ${stderrTail.trim()}`);
+        throw new Error(`sshd did not start on ${host}:${port}: ${launched.stderrTail.trim()}`);
       }
     }
     hostKeyLine = `[${host}]:${port} ${keyType} ${keyB64}`;
@@ -233,18 +155,9 @@ export async function startSshGitServer(place: SshServerPlace = { address: "127.
   }
 
   const ops = bareRepoOps(baseDir, workDir);
-  const keys = new Map<string, string>(); // name -> authorized_keys line
-  const forcedCommand = `HOME=${shellHome} GIT_CONFIG_NOSYSTEM=1 GIT_CONFIG_GLOBAL=/dev/null ` + `exec git-shell -c \\"$SSH_ORIGINAL_COMMAND\\"`;
+  const keys = new DeployKeys(keyDir, authorizedKeys, `HOME=${shellHome} GIT_CONFIG_NOSYSTEM=1 GIT_CONFIG_GLOBAL=/dev/null ` + `exec git-shell -c \\"$SSH_ORIGINAL_COMMAND\\"`);
 
-  // sshd re-reads the file on every authentication; replace it atomically
-  const writeAuthorizedKeys = () => {
-    const tmp = `${authorizedKeys}.tmp`;
-    writeFileSync(tmp, [...keys.values()].map((l) => `${l}\n`).join(""), { mode: 0o600 });
-    chmodSync(tmp, 0o600);
-    renameSync(tmp, authorizedKeys);
-  };
-
-  const sshdPid = sshd!.pid as number;
+  const sshdPid = sshd!.child.pid as number;
   let stopped = false;
   const server: SshGitServer = {
     ...ops,
@@ -254,34 +167,150 @@ export async function startSshGitServer(place: SshServerPlace = { address: "127.
     url(repo) {
       return `ssh://root@${host}:${port}${ops.repoPath(repo)}`;
     },
-    async addDeployKey(name) {
-      if (!KEY_NAME.test(name)) throw new Error(`invalid deploy key name ${JSON.stringify(name)}`);
-      if (keys.has(name)) throw new Error(`deploy key ${JSON.stringify(name)} already exists`);
-      const file = path.join(keyDir, name);
-      await rm(file, { force: true });
-      await rm(`${file}.pub`, { force: true });
-      await run("ssh-keygen", ["-q", "-t", "ed25519", "-N", "", "-C", name, "-f", file]);
-      const privateKey = await readFile(file, "utf8");
-      // The key lives in the test's memory only, so a scan of /tmp for key material finds none.
-      await rm(file, { force: true });
-      const publicKey = (await readFile(`${file}.pub`, "utf8")).trim();
-      if (keys.has(name)) throw new Error(`deploy key ${JSON.stringify(name)} already exists`);
-      keys.set(name, `restrict,command="${forcedCommand}" ${publicKey}`);
-      writeAuthorizedKeys();
-      return { privateKey, publicKey };
-    },
-    async revokeDeployKey(name) {
-      if (!keys.delete(name)) throw new Error(`no deploy key ${JSON.stringify(name)}`);
-      writeAuthorizedKeys();
-    },
+    addDeployKey: (name) => keys.add(name),
+    revokeDeployKey: async (name) => keys.revoke(name),
     async stop() {
       if (stopped) return;
       stopped = true;
-      const d = sshd;
-      if (d && !exited) await stopProcessTree(d);
+      if (sshd && !sshd.exited) await stopProcessTree(sshd.child);
       process.removeListener("exit", onExit);
       await rm(tmpRoot, { recursive: true, force: true });
     },
   };
   return server;
+}
+
+/** An sshd this server started; exited once it is gone. */
+interface Sshd {
+  child: ChildProcess;
+  exited: boolean;
+}
+
+/** The private sshd's configuration: root by key only, nothing but git-shell. */
+function sshdConfig(at: { host: string; port: number; hostKey: string; authorizedKeys: string; pidFile: string }): string {
+  return [
+    "# git-csi e2e: private sshd, see e2e/src/ssh-server.ts",
+    `ListenAddress ${at.host}`,
+    `Port ${at.port}`,
+    `AddressFamily inet`,
+    `HostKey ${at.hostKey}`,
+    `PidFile ${at.pidFile}`,
+    `AuthorizedKeysFile ${at.authorizedKeys}`,
+    `StrictModes no`,
+    `UsePAM no`,
+    `PermitRootLogin prohibit-password`,
+    `AllowUsers root`,
+    `PubkeyAuthentication yes`,
+    `PasswordAuthentication no`,
+    `KbdInteractiveAuthentication no`,
+    `PermitEmptyPasswords no`,
+    `HostbasedAuthentication no`,
+    `GSSAPIAuthentication no`,
+    `AllowTcpForwarding no`,
+    `AllowStreamLocalForwarding no`,
+    `AllowAgentForwarding no`,
+    `X11Forwarding no`,
+    `PermitTunnel no`,
+    `PermitTTY no`,
+    `PermitUserRC no`,
+    `PermitUserEnvironment no`,
+    `AcceptEnv GIT_PROTOCOL`,
+    `PrintMotd no`,
+    `PrintLastLog no`,
+    `UseDNS no`,
+    `LoginGraceTime 30`,
+    `MaxStartups 100:30:200`,
+    `LogLevel INFO`,
+    "",
+  ].join("\n");
+}
+
+/** Starts sshd; ready once it says it listens, not when it exits or after 10 s. */
+async function launchSshd(configFile: string, place: SshServerPlace, listening: string): Promise<{ sshd: Sshd; ready: boolean; stderrTail: string }> {
+  const sshdArgs = ["-D", "-e", "-f", configFile];
+  const child = place.netns
+    ? spawn("nsenter", [`--net=/run/netns/${place.netns}`, "--", SSHD, ...sshdArgs], { stdio: ["ignore", "ignore", "pipe"] })
+    : spawn(SSHD, sshdArgs, { stdio: ["ignore", "ignore", "pipe"] });
+  const sshd: Sshd = { child, exited: false };
+  let stderrTail = "";
+  let ready = false;
+  let wake: () => void = () => {};
+  child.stderr?.on("data", (b: Buffer) => {
+    stderrTail = (stderrTail + b.toString("utf8")).slice(-8192);
+    if (!ready && stderrTail.includes(listening)) {
+      ready = true;
+      wake();
+    }
+  });
+  child.on("exit", () => {
+    sshd.exited = true;
+    wake();
+  });
+  child.on("error", (e) => {
+    sshd.exited = true;
+    stderrTail += `\nspawn error: ${e.message}`;
+    wake();
+  });
+  await new Promise<void>((r) => {
+    const t = setTimeout(r, 10_000);
+    wake = () => {
+      clearTimeout(t);
+      r();
+    };
+    if (ready || sshd.exited) wake();
+  });
+  return { sshd, ready: ready && !sshd.exited, stderrTail };
+}
+
+/** The deploy keys sshd accepts, each forced to git-shell; sshd re-reads the file on every authentication. */
+class DeployKeys {
+  /** Name → authorized_keys line. */
+  private readonly keys = new Map<string, string>();
+
+  constructor(
+    private readonly keyDir: string,
+    private readonly authorizedKeys: string,
+    private readonly forcedCommand: string,
+  ) {}
+
+  async add(name: string): Promise<{ privateKey: string; publicKey: string }> {
+    if (!KEY_NAME.test(name)) throw new Error(`invalid deploy key name ${JSON.stringify(name)}`);
+    if (this.keys.has(name)) throw new Error(`deploy key ${JSON.stringify(name)} already exists`);
+    const file = path.join(this.keyDir, name);
+    await rm(file, { force: true });
+    await rm(`${file}.pub`, { force: true });
+    await run("ssh-keygen", ["-q", "-t", "ed25519", "-N", "", "-C", name, "-f", file]);
+    const privateKey = await readFile(file, "utf8");
+    // The key lives in the test's memory only, so a scan of /tmp for key material finds none.
+    await rm(file, { force: true });
+    const publicKey = (await readFile(`${file}.pub`, "utf8")).trim();
+    if (this.keys.has(name)) throw new Error(`deploy key ${JSON.stringify(name)} already exists`);
+    this.keys.set(name, `restrict,command="${this.forcedCommand}" ${publicKey}`);
+    this.write();
+    return { privateKey, publicKey };
+  }
+
+  revoke(name: string): void {
+    if (!this.keys.delete(name)) throw new Error(`no deploy key ${JSON.stringify(name)}`);
+    this.write();
+  }
+
+  /** Replaced atomically: sshd never reads half a file. */
+  private write(): void {
+    const tmp = `${this.authorizedKeys}.tmp`;
+    writeFileSync(tmp, [...this.keys.values()].map((l) => `${l}\n`).join(""), { mode: 0o600 });
+    chmodSync(tmp, 0o600);
+    renameSync(tmp, this.authorizedKeys);
+  }
+}
+
+/** The server's directories, its host key and an empty authorized_keys; the host key's type and base64. */
+async function prepareDirectories(at: { baseDir: string; workDir: string; keyDir: string; shellHome: string; hostKey: string; authorizedKeys: string }): Promise<string[]> {
+  await mkdir(at.baseDir);
+  await mkdir(at.workDir);
+  await mkdir(at.keyDir, { mode: 0o700 });
+  await mkdir(at.shellHome);
+  await run("ssh-keygen", ["-q", "-t", "ed25519", "-N", "", "-C", "git-csi-e2e-host", "-f", at.hostKey]);
+  await writeFile(at.authorizedKeys, "", { mode: 0o600 });
+  return (await readFile(`${at.hostKey}.pub`, "utf8")).trim().split(/\s+/);
 }
