@@ -326,64 +326,110 @@ export async function startGitDaemon(): Promise<GitDaemon> {
   const workDir = path.join(tmpRoot, "work");
   await mkdir(baseDir);
   await mkdir(workDir);
+  const daemon = new DaemonProcess(baseDir);
+  const onExit = () => daemon.killGroup("SIGKILL");
+  process.once("exit", onExit);
+  try {
+    for (let attempt = 1; ; attempt++) {
+      daemon.port = await freePort();
+      if (await daemon.launch()) break;
+      if (attempt >= 5) {
+        throw new Error(`git daemon did not become ready on 127.0.0.1:${daemon.port}: ${daemon.stderrTail.trim()}`);
+      }
+    }
+  } catch (e) {
+    process.removeListener("exit", onExit);
+    await rm(tmpRoot, { recursive: true, force: true });
+    throw e;
+  }
+  const port = daemon.port;
+  let stopped = false;
+  return {
+    ...bareRepoOps(baseDir, workDir),
+    port,
+    url(repo) {
+      checkRepoName(repo);
+      return `git://127.0.0.1:${port}/${repo}`;
+    },
+    down: () => daemon.halt(),
+    async up() {
+      if (!(await daemon.launch())) throw new Error(`git daemon did not come back on 127.0.0.1:${port}: ${daemon.stderrTail.trim()}`);
+    },
+    async stop() {
+      if (stopped) return;
+      stopped = true;
+      process.removeListener("exit", onExit);
+      await daemon.halt();
+      await rm(tmpRoot, { recursive: true, force: true });
+    },
+  };
+}
 
-  let daemon: ChildProcess | undefined;
-  let port = 0;
-  let stderrTail = "";
-  let exited = false;
+/** One `git daemon` on a fixed port, which the tests stop and start again (down, up). */
+class DaemonProcess {
+  port = 0;
+  stderrTail = "";
+  private child?: ChildProcess;
+  private exited = false;
 
-  const killGroup = (sig: NodeJS.Signals) => {
-    if (daemon?.pid === undefined || exited) return;
+  constructor(private readonly baseDir: string) {}
+
+  killGroup(sig: NodeJS.Signals): void {
+    if (this.child?.pid === undefined || this.exited) return;
     try {
-      process.kill(-daemon.pid, sig); // detached => daemon leads its own group (incl. per-connection children)
+      process.kill(-this.child.pid, sig); // detached => daemon leads its own group (incl. per-connection children)
     } catch {
       /* already gone */
     }
-  };
-  const onExit = () => killGroup("SIGKILL");
-  process.once("exit", onExit);
+  }
 
   /** Starts the daemon on the port; true once it answers a git request. */
-  const launch = async (): Promise<boolean> => {
-    exited = false;
-    stderrTail = "";
+  async launch(): Promise<boolean> {
+    this.exited = false;
+    this.stderrTail = "";
     const child = spawn(
       "git",
-      ["daemon", "--listen=127.0.0.1", `--port=${port}`, "--export-all", "--enable=receive-pack", `--base-path=${baseDir}`, "--reuseaddr", "--informative-errors", "--verbose", baseDir],
+      ["daemon", "--listen=127.0.0.1", `--port=${this.port}`, "--export-all", "--enable=receive-pack", `--base-path=${this.baseDir}`, "--reuseaddr", "--informative-errors", "--verbose", this.baseDir],
       { env: gitEnv(), stdio: ["ignore", "ignore", "pipe"], detached: true },
     );
-    daemon = child;
+    this.child = child;
     child.stderr?.on("data", (b: Buffer) => {
-      stderrTail = (stderrTail + b.toString("utf8")).slice(-8192);
+      this.stderrTail = (this.stderrTail + b.toString("utf8")).slice(-8192);
     });
     child.on("exit", () => {
-      if (daemon === child) exited = true;
+      if (this.child === child) this.exited = true;
     });
     child.on("error", (e) => {
-      if (daemon === child) exited = true;
-      stderrTail += `\nspawn error: ${e.message}`;
+      if (this.child === child) this.exited = true;
+      this.stderrTail += `\nspawn error: ${e.message}`;
     });
+    if (await this.answers()) return true;
+    this.killGroup("SIGKILL");
+    this.child = undefined;
+    return false;
+  }
 
-    // Ready when the daemon answers a git request: either success or a
-    // remote error for the non-existent probe path (not "connection refused").
+  /**
+   * Ready when the daemon answers a git request: either success or a remote
+   * error for the non-existent probe path (not "connection refused").
+   */
+  private async answers(): Promise<boolean> {
     const deadline = Date.now() + 10_000;
-    while (!exited && Date.now() < deadline) {
-      const r = await runGitRaw(["ls-remote", `git://127.0.0.1:${port}/.ready-probe`], { timeoutMs: 5_000 });
-      if (r.code === 0 || /remote error|not exported|no such repository/i.test(r.stderr)) return !exited;
+    while (!this.exited && Date.now() < deadline) {
+      const r = await runGitRaw(["ls-remote", `git://127.0.0.1:${this.port}/.ready-probe`], { timeoutMs: 5_000 });
+      if (r.code === 0 || /remote error|not exported|no such repository/i.test(r.stderr)) return !this.exited;
       await sleep(50);
     }
-    killGroup("SIGKILL");
-    daemon = undefined;
     return false;
-  };
+  }
 
   /** Stops the daemon and every connection it serves. */
-  const halt = async () => {
-    const d = daemon;
-    if (!d || exited) return;
+  async halt(): Promise<void> {
+    const d = this.child;
+    if (!d || this.exited) return;
     const gone = new Promise<void>((r) => d.once("exit", () => r()));
-    killGroup("SIGTERM");
-    const t = setTimeout(() => killGroup("SIGKILL"), 3_000);
+    this.killGroup("SIGTERM");
+    const t = setTimeout(() => this.killGroup("SIGKILL"), 3_000);
     await gone;
     clearTimeout(t);
     // per-connection children share the group; make sure none linger
@@ -392,45 +438,7 @@ export async function startGitDaemon(): Promise<GitDaemon> {
     } catch {
       /* none left */
     }
-  };
-
-  try {
-    for (let attempt = 1; ; attempt++) {
-      port = await freePort();
-      if (await launch()) break;
-      if (attempt >= 5) {
-        throw new Error(`git daemon did not become ready on 127.0.0.1:${port}: ${stderrTail.trim()}`);
-      }
-    }
-  } catch (e) {
-    process.removeListener("exit", onExit);
-    await rm(tmpRoot, { recursive: true, force: true });
-    throw e;
   }
-
-  const ops = bareRepoOps(baseDir, workDir);
-
-  let stopped = false;
-  const server: GitDaemon = {
-    ...ops,
-    port,
-    url(repo) {
-      checkRepoName(repo);
-      return `git://127.0.0.1:${port}/${repo}`;
-    },
-    down: halt,
-    async up() {
-      if (!(await launch())) throw new Error(`git daemon did not come back on 127.0.0.1:${port}: ${stderrTail.trim()}`);
-    },
-    async stop() {
-      if (stopped) return;
-      stopped = true;
-      process.removeListener("exit", onExit);
-      await halt();
-      await rm(tmpRoot, { recursive: true, force: true });
-    },
-  };
-  return server;
 }
 
 /** A real push failure: the server's pre-receive hook declines every push to a branch until it is removed. */
