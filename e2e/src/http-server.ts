@@ -71,30 +71,16 @@ export async function startHttpGitServer(): Promise<HttpGitServer> {
     await rm(tmpRoot, { recursive: true, force: true });
     throw new Error(`temp dir ${JSON.stringify(tmpRoot)} has characters unsafe for lighttpd.conf`);
   }
-  const baseDir = path.join(tmpRoot, "repos");
-  const workDir = path.join(tmpRoot, "work");
-  const docRoot = path.join(tmpRoot, "htdocs");
-  const uploadDir = path.join(tmpRoot, "uploads");
-  const userFile = path.join(tmpRoot, "users");
-  const errorLog = path.join(tmpRoot, "error.log");
-  const configFile = path.join(tmpRoot, "lighttpd.conf");
+  const at = pathsUnder(tmpRoot);
+  const { baseDir, workDir, userFile, errorLog, configFile } = at;
   const realm = `git-csi-e2e-${randomBytes(6).toString("hex")}`; // unique: the readiness probe knows it hit *this* lighttpd
 
-  let token = newToken();
-  const writeUsers = () => {
-    // plain backend: lighttpd reads the file on every authentication; replace it atomically
-    const tmp = `${userFile}.tmp`;
-    writeFileSync(tmp, `${USERNAME}:${token}\n`, { mode: 0o600 });
-    renameSync(tmp, userFile);
-  };
-
-  let lighttpd: ChildProcess | undefined;
+  let lighttpd: Lighttpd | undefined;
+  let users: UserFile;
   let port = 0;
-  let exited = false;
-  let stderrTail = "";
   const onExit = () => {
     // the test process is exiting without stop(): kill everything, drop the temp dir
-    if (lighttpd?.pid !== undefined && !exited) killProcessTreeSync(lighttpd.pid);
+    if (lighttpd?.child.pid !== undefined && !lighttpd.exited) killProcessTreeSync(lighttpd.child.pid);
     rmSync(tmpRoot, { recursive: true, force: true });
   };
   process.once("exit", onExit);
@@ -102,81 +88,20 @@ export async function startHttpGitServer(): Promise<HttpGitServer> {
   try {
     await mkdir(baseDir);
     await mkdir(workDir);
-    await mkdir(docRoot);
-    await mkdir(uploadDir, { mode: 0o700 });
-    writeUsers();
+    await mkdir(at.docRoot);
+    await mkdir(at.uploadDir, { mode: 0o700 });
+    users = new UserFile(userFile);
 
     for (let attempt = 1; ; attempt++) {
       port = await freePort();
-      const q = (s: string) => JSON.stringify(s); // safe: paths are checked against SAFE_PATH
-      await writeFile(
-        configFile,
-        [
-          "# git-csi e2e: private lighttpd, see e2e/src/http-server.ts",
-          `server.modules = ( "mod_access", "mod_alias", "mod_auth", "mod_authn_file", "mod_setenv", "mod_cgi" )`,
-          `server.bind = "127.0.0.1"`,
-          `server.port = ${port}`,
-          `server.document-root = ${q(docRoot)}`,
-          `server.errorlog = ${q(errorLog)}`,
-          `server.pid-file = ${q(path.join(tmpRoot, "lighttpd.pid"))}`,
-          `server.upload-dirs = ( ${q(uploadDir)} )`,
-          `server.stream-request-body = 2`,
-          `server.stream-response-body = 2`,
-          `auth.backend = "plain"`,
-          `auth.backend.plain.userfile = ${q(userFile)}`,
-          `auth.require = ( "/git/" => ( "method" => "basic", "realm" => ${q(realm)}, "require" => "valid-user" ) )`,
-          `alias.url = ( "/git/" => ${q(`${HTTP_BACKEND}/`)} )`,
-          `$HTTP["url"] =^ "/git/" {`,
-          `  cgi.assign = ( "" => "" )`,
-          `  setenv.set-environment = (`,
-          `    "GIT_PROJECT_ROOT" => ${q(baseDir)},`,
-          `    "GIT_HTTP_EXPORT_ALL" => "1",`,
-          `    "GIT_CONFIG_NOSYSTEM" => "1",`,
-          `    "GIT_CONFIG_GLOBAL" => "/dev/null",`,
-          `    "GIT_CONFIG_COUNT" => "1",`,
-          `    "GIT_CONFIG_KEY_0" => "http.receivepack",`,
-          `    "GIT_CONFIG_VALUE_0" => "true"`,
-          `  )`,
-          `}`,
-          "",
-        ].join("\n"),
-      );
-
-      exited = false;
-      stderrTail = "";
-      const child = spawn(LIGHTTPD, ["-D", "-f", configFile], {
-        env: gitEnv(),
-        stdio: ["ignore", "pipe", "pipe"],
-      });
-      lighttpd = child;
-      const tail = (b: Buffer) => {
-        stderrTail = (stderrTail + b.toString("utf8")).slice(-8192);
-      };
-      child.stdout?.on("data", tail);
-      child.stderr?.on("data", tail);
-      child.on("exit", () => {
-        if (lighttpd === child) exited = true;
-      });
-      child.on("error", (e) => {
-        if (lighttpd === child) exited = true;
-        stderrTail += `\nspawn error: ${e.message}`;
-      });
-
-      const deadline = Date.now() + 10_000;
-      let ready = false;
-      while (!exited && Date.now() < deadline) {
-        const r = await probe(port);
-        if (r && r.status === 401 && r.wwwAuthenticate.includes(realm)) {
-          ready = true;
-          break;
-        }
-        await sleep(25);
-      }
-      if (ready && !exited) break;
-      await stopProcessTree(child, 500);
+      await writeFile(configFile, lighttpdConfig({ ...at, port, realm }));
+      const launched = await launchLighttpd(configFile, port, realm);
+      lighttpd = launched.lighttpd;
+      if (launched.ready) break;
+      await stopProcessTree(lighttpd.child, 500);
       lighttpd = undefined;
       const log = await readFile(errorLog, "utf8").catch(() => "");
-      const why = `${stderrTail.trim()}\n${log.trim()}`.trim();
+      const why = `${launched.stderrTail.trim()}\n${log.trim()}`.trim();
       if (!/Address already in use|can't bind/i.test(why) || attempt >= 5) {
         throw new Error(`lighttpd did not start on 127.0.0.1:${port}: ${why}`);
       }
@@ -188,7 +113,7 @@ export async function startHttpGitServer(): Promise<HttpGitServer> {
   }
 
   const ops = bareRepoOps(baseDir, workDir);
-  const pid = lighttpd!.pid as number;
+  const pid = lighttpd!.child.pid as number;
   let stopped = false;
   const server: HttpGitServer = {
     ...ops,
@@ -196,28 +121,123 @@ export async function startHttpGitServer(): Promise<HttpGitServer> {
     pid,
     username: USERNAME,
     get token() {
-      return token;
+      return users.token;
     },
     url(repo) {
       ops.repoPath(repo); // validates the name
       return `http://127.0.0.1:${port}/git/${repo}`;
     },
-    authHeader(t = token) {
+    authHeader(t = users.token) {
       return `Authorization: Basic ${Buffer.from(`${USERNAME}:${t}`).toString("base64")}`;
     },
-    rotateToken() {
-      token = newToken();
-      writeUsers();
-      return token;
-    },
+    rotateToken: () => users.rotate(),
     async stop() {
       if (stopped) return;
       stopped = true;
-      const d = lighttpd;
-      if (d && !exited) await stopProcessTree(d);
+      if (lighttpd && !lighttpd.exited) await stopProcessTree(lighttpd.child);
       process.removeListener("exit", onExit);
       await rm(tmpRoot, { recursive: true, force: true });
     },
   };
   return server;
+}
+
+/** Where the server keeps its files, under its temporary root. */
+function pathsUnder(tmpRoot: string) {
+  const under = (name: string) => path.join(tmpRoot, name);
+  return {
+    baseDir: under("repos"),
+    workDir: under("work"),
+    docRoot: under("htdocs"),
+    uploadDir: under("uploads"),
+    userFile: under("users"),
+    errorLog: under("error.log"),
+    configFile: under("lighttpd.conf"),
+    pidFile: under("lighttpd.pid"),
+  };
+}
+
+/** The one user lighttpd's plain backend accepts; it reads the file on every authentication, so the file is replaced atomically. */
+class UserFile {
+  token = newToken();
+
+  constructor(private readonly file: string) {
+    this.write();
+  }
+
+  rotate(): string {
+    this.token = newToken();
+    this.write();
+    return this.token;
+  }
+
+  private write(): void {
+    const tmp = `${this.file}.tmp`;
+    writeFileSync(tmp, `${USERNAME}:${this.token}\n`, { mode: 0o600 });
+    renameSync(tmp, this.file);
+  }
+}
+
+/** A lighttpd this server started; exited once it is gone. */
+interface Lighttpd {
+  child: ChildProcess;
+  exited: boolean;
+}
+
+/** The private lighttpd's configuration: git http-backend under /git/, basic auth from the users file. */
+function lighttpdConfig(at: { port: number; docRoot: string; errorLog: string; pidFile: string; uploadDir: string; userFile: string; realm: string; baseDir: string }): string {
+  const q = (s: string) => JSON.stringify(s); // safe: paths are checked against SAFE_PATH
+  return [
+    "# git-csi e2e: private lighttpd, see e2e/src/http-server.ts",
+    `server.modules = ( "mod_access", "mod_alias", "mod_auth", "mod_authn_file", "mod_setenv", "mod_cgi" )`,
+    `server.bind = "127.0.0.1"`,
+    `server.port = ${at.port}`,
+    `server.document-root = ${q(at.docRoot)}`,
+    `server.errorlog = ${q(at.errorLog)}`,
+    `server.pid-file = ${q(at.pidFile)}`,
+    `server.upload-dirs = ( ${q(at.uploadDir)} )`,
+    `server.stream-request-body = 2`,
+    `server.stream-response-body = 2`,
+    `auth.backend = "plain"`,
+    `auth.backend.plain.userfile = ${q(at.userFile)}`,
+    `auth.require = ( "/git/" => ( "method" => "basic", "realm" => ${q(at.realm)}, "require" => "valid-user" ) )`,
+    `alias.url = ( "/git/" => ${q(`${HTTP_BACKEND}/`)} )`,
+    `$HTTP["url"] =^ "/git/" {`,
+    `  cgi.assign = ( "" => "" )`,
+    `  setenv.set-environment = (`,
+    `    "GIT_PROJECT_ROOT" => ${q(at.baseDir)},`,
+    `    "GIT_HTTP_EXPORT_ALL" => "1",`,
+    `    "GIT_CONFIG_NOSYSTEM" => "1",`,
+    `    "GIT_CONFIG_GLOBAL" => "/dev/null",`,
+    `    "GIT_CONFIG_COUNT" => "1",`,
+    `    "GIT_CONFIG_KEY_0" => "http.receivepack",`,
+    `    "GIT_CONFIG_VALUE_0" => "true"`,
+    `  )`,
+    `}`,
+    "",
+  ].join("\n");
+}
+
+/** Starts lighttpd; ready once it answers 401 with this server's realm, not when it exits or after 10 s. */
+async function launchLighttpd(configFile: string, port: number, realm: string): Promise<{ lighttpd: Lighttpd; ready: boolean; stderrTail: string }> {
+  const child = spawn(LIGHTTPD, ["-D", "-f", configFile], { env: gitEnv(), stdio: ["ignore", "pipe", "pipe"] });
+  const lighttpd: Lighttpd = { child, exited: false };
+  let stderrTail = "";
+  const tail = (b: Buffer) => {
+    stderrTail = (stderrTail + b.toString("utf8")).slice(-8192);
+  };
+  child.stdout?.on("data", tail);
+  child.stderr?.on("data", tail);
+  child.on("exit", () => (lighttpd.exited = true));
+  child.on("error", (e) => {
+    lighttpd.exited = true;
+    stderrTail += `\nspawn error: ${e.message}`;
+  });
+  const deadline = Date.now() + 10_000;
+  while (!lighttpd.exited && Date.now() < deadline) {
+    const r = await probe(port);
+    if (r && r.status === 401 && r.wwwAuthenticate.includes(realm)) return { lighttpd, ready: !lighttpd.exited, stderrTail };
+    await sleep(25);
+  }
+  return { lighttpd, ready: false, stderrTail };
 }
