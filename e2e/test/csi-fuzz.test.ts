@@ -195,21 +195,27 @@ function nodeCapability(): fc.Arbitrary<NodeCapability> {
 }
 
 function requests(u: Universe): fc.Arbitrary<Generated> {
-  const staging = (id: Gen<string>) => path.join(u.dir, "staging", id.bad ? "malformed" : id.value);
-  const stagingPath = (id: Gen<string>) => field(fc.constant(staging(id)), "staging_target_path", badPath(u.dir));
-  const targetPath = field(
-    fc.constantFrom("p1", "p2", "p3").map((pod) => path.join(u.dir, "pods", pod, "volume")),
-    "target_path",
-    badPath(u.dir),
-  );
+  const { create, del, modify, validate } = controllerRequests(u);
+  const { stage, unstage, publish, unpublish } = nodeRequests(u);
+  // Stages and publishes more often than the rest, so that refused requests meet staged and published volumes.
+  const often = (arbitrary: fc.Arbitrary<Generated>) => ({ weight: 3, arbitrary });
+  return fc.oneof(create, del, modify, validate, often(stage), unstage, often(publish), unpublish);
+}
+
+const capabilities = fc.oneof(
+  { weight: 4, arbitrary: fc.array(GOOD_CAPABILITY, { minLength: 1, maxLength: 2 }) },
+  { weight: 1, arbitrary: fc.array(fc.oneof(GOOD_CAPABILITY, BAD_CAPABILITY), { maxLength: 2 }) },
+);
+
+/** A ref field whose malformed values name the field under prefix. */
+const refField = (prefix: string) => REF.map((g) => (g.bad ? { ...g, bad: `${prefix}.ref` } : g));
+
+/** CreateVolume, DeleteVolume, ControllerModifyVolume and ValidateVolumeCapabilities requests. */
+function controllerRequests(u: Universe): Record<"create" | "del" | "modify" | "validate", fc.Arbitrary<Generated>> {
   const name = field(
     fc.constantFrom("fuzz-a", "fuzz-b", "fuzz-c"),
     "name",
     VOLUME_ID.filter((g) => g.bad !== undefined).map((g) => g.value),
-  );
-  const capabilities = fc.oneof(
-    { weight: 4, arbitrary: fc.array(GOOD_CAPABILITY, { minLength: 1, maxLength: 2 }) },
-    { weight: 1, arbitrary: fc.array(fc.oneof(GOOD_CAPABILITY, BAD_CAPABILITY), { maxLength: 2 }) },
   );
   /** Two capabilities must agree on the one access mode a volume has; any capability the driver does not serve is malformed. */
   const capabilitiesBad = (caps: csi.VolumeCapability[]) => {
@@ -217,11 +223,6 @@ function requests(u: Universe): fc.Arbitrary<Generated> {
     const served = caps.every((c) => c.mount && c.mount.fsType === "" && c.mount.mountFlags.length === 0 && c.accessMode && ACCESS_MODES.includes(c.accessMode.mode));
     return caps.length === 0 || !served || modes.size > 1 ? "volume_capabilities" : undefined;
   };
-  const podContext = field<Record<string, string>>(
-    fc.constantFrom<Record<string, string>>({}, { [`${POD}.name`]: "app-0", [`${POD}.namespace`]: "default", [`${POD}.uid`]: "6f1c2b1e-8a4f-4f8e-9c53-0b6a8f3d2e11" }),
-    `volume_context.${POD}`,
-    fc.constantFrom<Record<string, string>>({ [`${POD}.name`]: "Bad_Name" }, { [`${POD}.namespace`]: "../kube-system" }, { [`${POD}.uid`]: "x y" }, { [`${POD}.name`]: "a".repeat(254) }),
-  );
   const storageClassExtra = field<Record<string, string>>(
     fc.constantFrom<Record<string, string>>({}, { "csi.storage.k8s.io/pvc/name": "data-app-0", "csi.storage.k8s.io/pvc/namespace": "default" }),
     "parameters",
@@ -239,9 +240,7 @@ function requests(u: Universe): fc.Arbitrary<Generated> {
     fc.constantFrom({ requiredBytes: 10, limitBytes: 5 }, { requiredBytes: -1, limitBytes: 0 }),
   );
   const contentSource = field<csi.VolumeContentSource | undefined>(fc.constant(undefined), "volume_content_source", fc.constant({ snapshot: { snapshotId: "snap-1" } }));
-  const ref = (prefix: string) => REF.map((g) => (g.bad ? { ...g, bad: `${prefix}.ref` } : g));
-
-  const create = fc.record({ name, capabilities, url: urlField(u, "parameters.url"), ref: ref("parameters"), extra: storageClassExtra, parameters: CLASS, capacity, contentSource }).map((f) =>
+  const create = fc.record({ name, capabilities, url: urlField(u, "parameters.url"), ref: refField("parameters"), extra: storageClassExtra, parameters: CLASS, capacity, contentSource }).map((f) =>
     generated(
       "create",
       { name: f.name, url: f.url, ref: f.ref, extra: f.extra, parameters: f.parameters, capacity: f.capacity, contentSource: f.contentSource },
@@ -261,8 +260,25 @@ function requests(u: Universe): fc.Arbitrary<Generated> {
   const validate = fc
     .record({ id: VOLUME_ID, capabilities })
     .map((f) => generated("validate", { id: f.id }, { volumeId: f.id.value, volumeCapabilities: f.capabilities }, [f.capabilities.length === 0 ? "volume_capabilities" : undefined]));
+  return { create, del, modify, validate };
+}
+
+/** NodeStageVolume, NodeUnstageVolume, NodePublishVolume and NodeUnpublishVolume requests. */
+function nodeRequests(u: Universe): Record<"stage" | "unstage" | "publish" | "unpublish", fc.Arbitrary<Generated>> {
+  const staging = (id: Gen<string>) => path.join(u.dir, "staging", id.bad ? "malformed" : id.value);
+  const stagingPath = (id: Gen<string>) => field(fc.constant(staging(id)), "staging_target_path", badPath(u.dir));
+  const targetPath = field(
+    fc.constantFrom("p1", "p2", "p3").map((pod) => path.join(u.dir, "pods", pod, "volume")),
+    "target_path",
+    badPath(u.dir),
+  );
+  const podContext = field<Record<string, string>>(
+    fc.constantFrom<Record<string, string>>({}, { [`${POD}.name`]: "app-0", [`${POD}.namespace`]: "default", [`${POD}.uid`]: "6f1c2b1e-8a4f-4f8e-9c53-0b6a8f3d2e11" }),
+    `volume_context.${POD}`,
+    fc.constantFrom<Record<string, string>>({ [`${POD}.name`]: "Bad_Name" }, { [`${POD}.namespace`]: "../kube-system" }, { [`${POD}.uid`]: "x y" }, { [`${POD}.name`]: "a".repeat(254) }),
+  );
   const stage = VOLUME_ID.chain((id) =>
-    fc.record({ id: fc.constant(id), staging: stagingPath(id), mode: nodeCapability(), url: urlField(u, "volume_context.url"), ref: ref("volume_context"), secrets: SECRETS }),
+    fc.record({ id: fc.constant(id), staging: stagingPath(id), mode: nodeCapability(), url: urlField(u, "volume_context.url"), ref: refField("volume_context"), secrets: SECRETS }),
   ).map((f) =>
     generated(
       "stage",
@@ -299,9 +315,7 @@ function requests(u: Universe): fc.Arbitrary<Generated> {
     ),
   );
   const unpublish = fc.record({ id: VOLUME_ID, target: targetPath }).map((f) => generated("unpublish", f, { volumeId: f.id.value, targetPath: f.target.value }));
-  // Stages and publishes more often than the rest, so that refused requests meet staged and published volumes.
-  const often = (arbitrary: fc.Arbitrary<Generated>) => ({ weight: 3, arbitrary });
-  return fc.oneof(create, del, modify, validate, often(stage), unstage, often(publish), unpublish);
+  return { stage, unstage, publish, unpublish };
 }
 
 /** Every file and directory under a directory, with a hash of each file; mount points are named, never entered. */
