@@ -97,112 +97,15 @@ export async function startKube(dir: string): Promise<Kube> {
     processes.length = 0;
   };
   try {
-    const pki = path.join(dir, "pki");
-    await fs.mkdir(pki, { recursive: true });
-    const cert = path.join(pki, "serving.crt");
-    const key = path.join(pki, "serving.key");
-    await run("openssl", [
-      "req",
-      "-x509",
-      "-newkey",
-      "ec",
-      "-pkeyopt",
-      "ec_paramgen_curve:prime256v1",
-      "-nodes",
-      "-days",
-      "2",
-      "-subj",
-      "/CN=127.0.0.1",
-      "-addext",
-      "subjectAltName=IP:127.0.0.1,DNS:localhost",
-      "-keyout",
-      key,
-      "-out",
-      cert,
-    ]);
-    const sa = crypto.generateKeyPairSync("rsa", { modulusLength: 2048 });
-    const saKey = path.join(pki, "service-account.key");
-    const saPub = path.join(pki, "service-account.pub");
-    await fs.writeFile(saKey, sa.privateKey.export({ type: "pkcs8", format: "pem" }), { mode: 0o600 });
-    await fs.writeFile(saPub, sa.publicKey.export({ type: "spki", format: "pem" }));
-    const token = crypto.randomBytes(24).toString("hex");
-    const tokens = path.join(pki, "tokens.csv");
-    await fs.writeFile(tokens, `${token},admin,admin,"system:masters"\n`, { mode: 0o600 });
-
+    const pki = await makePki(dir);
     const [etcdPort, peerPort, apiPort] = [await freePort(), await freePort(), await freePort()];
-    const etcdUrl = `http://127.0.0.1:${etcdPort}`;
-    const peerUrl = `http://127.0.0.1:${peerPort}`;
-    const etcd = await watched(
-      path.join(binDir, "etcd"),
-      [
-        "--name=e2e",
-        `--data-dir=${path.join(dir, "etcd")}`,
-        `--listen-client-urls=${etcdUrl}`,
-        `--advertise-client-urls=${etcdUrl}`,
-        `--listen-peer-urls=${peerUrl}`,
-        `--initial-advertise-peer-urls=${peerUrl}`,
-        `--initial-cluster=e2e=${peerUrl}`,
-        // A test's store outlives no test: fsync buys nothing and costs seconds on a busy disk.
-        "--unsafe-no-fsync",
-        "--log-level=warn",
-      ],
-      path.join(dir, "etcd.log"),
-    );
-    processes.push(etcd);
-    await until("etcd answers /health", etcd, async () => {
-      const response = await fetch(`${etcdUrl}/health`);
-      return response.ok && ((await response.json()) as { health?: string }).health === "true";
-    });
-
-    const server = `https://127.0.0.1:${apiPort}`;
-    const apiserver = await watched(
-      path.join(binDir, "kube-apiserver"),
-      [
-        `--etcd-servers=${etcdUrl}`,
-        "--bind-address=127.0.0.1",
-        "--advertise-address=127.0.0.1",
-        `--secure-port=${apiPort}`,
-        `--tls-cert-file=${cert}`,
-        `--tls-private-key-file=${key}`,
-        `--cert-dir=${path.join(dir, "apiserver-certs")}`,
-        `--token-auth-file=${tokens}`,
-        "--authorization-mode=Node,RBAC",
-        "--service-cluster-ip-range=10.96.0.0/24",
-        "--service-account-issuer=https://kubernetes.default.svc",
-        `--service-account-key-file=${saPub}`,
-        `--service-account-signing-key-file=${saKey}`,
-        // The node DaemonSet runs a privileged mount-owner: a real cluster allows that, and so must dry-run validation.
-        "--allow-privileged=true",
-        "--profiling=false",
-      ],
-      path.join(dir, "kube-apiserver.log"),
-    );
-    processes.push(apiserver);
-    const ca = await fs.readFile(cert);
-    await until("kube-apiserver answers /readyz", apiserver, async () => (await get(server, token, ca, "/readyz")) === "ok", 120_000);
-
-    const kubeconfig = path.join(dir, "kubeconfig");
-    // JSON is YAML: kubectl and @kubernetes/client-node both read it.
-    await fs.writeFile(
-      kubeconfig,
-      JSON.stringify(
-        {
-          apiVersion: "v1",
-          kind: "Config",
-          clusters: [{ name: "e2e", cluster: { server, "certificate-authority-data": ca.toString("base64") } }],
-          users: [{ name: "admin", user: { token } }],
-          contexts: [{ name: "e2e", context: { cluster: "e2e", user: "admin", namespace: "default" } }],
-          "current-context": "e2e",
-        },
-        null,
-        2,
-      ),
-      { mode: 0o600 },
-    );
+    const etcdUrl = await startEtcd(binDir, dir, processes, etcdPort, peerPort);
+    const { server, ca } = await startApiServer(binDir, dir, processes, pki, etcdUrl, apiPort);
+    const kubeconfig = await writeKubeconfig(dir, server, ca, pki.token);
     const kubectlEnv = { ...process.env, KUBECONFIG: kubeconfig, KUBECACHEDIR: path.join(dir, "kubectl-cache") };
     return {
       server,
-      token,
+      token: pki.token,
       kubeconfig,
       binDir,
       kubectl: (args, input) => runTool(path.join(binDir, "kubectl"), args, kubectlEnv, input),
@@ -212,6 +115,128 @@ export async function startKube(dir: string): Promise<Kube> {
     await stop();
     throw err;
   }
+}
+
+/** The API server's serving certificate, the service-account key pair, and the admin's token. */
+async function makePki(dir: string): Promise<{ cert: string; key: string; saKey: string; saPub: string; tokens: string; token: string }> {
+  const pki = path.join(dir, "pki");
+  await fs.mkdir(pki, { recursive: true });
+  const cert = path.join(pki, "serving.crt");
+  const key = path.join(pki, "serving.key");
+  await run("openssl", [
+    "req",
+    "-x509",
+    "-newkey",
+    "ec",
+    "-pkeyopt",
+    "ec_paramgen_curve:prime256v1",
+    "-nodes",
+    "-days",
+    "2",
+    "-subj",
+    "/CN=127.0.0.1",
+    "-addext",
+    "subjectAltName=IP:127.0.0.1,DNS:localhost",
+    "-keyout",
+    key,
+    "-out",
+    cert,
+  ]);
+  const sa = crypto.generateKeyPairSync("rsa", { modulusLength: 2048 });
+  const saKey = path.join(pki, "service-account.key");
+  const saPub = path.join(pki, "service-account.pub");
+  await fs.writeFile(saKey, sa.privateKey.export({ type: "pkcs8", format: "pem" }), { mode: 0o600 });
+  await fs.writeFile(saPub, sa.publicKey.export({ type: "spki", format: "pem" }));
+  const token = crypto.randomBytes(24).toString("hex");
+  const tokens = path.join(pki, "tokens.csv");
+  await fs.writeFile(tokens, `${token},admin,admin,"system:masters"\n`, { mode: 0o600 });
+
+  return { cert, key, saKey, saPub, tokens, token };
+}
+
+/** etcd on the ports, healthy; its client URL. */
+async function startEtcd(binDir: string, dir: string, processes: Watched[], etcdPort: number, peerPort: number): Promise<string> {
+  const etcdUrl = `http://127.0.0.1:${etcdPort}`;
+  const peerUrl = `http://127.0.0.1:${peerPort}`;
+  const etcd = await watched(
+    path.join(binDir, "etcd"),
+    [
+      "--name=e2e",
+      `--data-dir=${path.join(dir, "etcd")}`,
+      `--listen-client-urls=${etcdUrl}`,
+      `--advertise-client-urls=${etcdUrl}`,
+      `--listen-peer-urls=${peerUrl}`,
+      `--initial-advertise-peer-urls=${peerUrl}`,
+      `--initial-cluster=e2e=${peerUrl}`,
+      // A test's store outlives no test: fsync buys nothing and costs seconds on a busy disk.
+      "--unsafe-no-fsync",
+      "--log-level=warn",
+    ],
+    path.join(dir, "etcd.log"),
+  );
+  processes.push(etcd);
+  await until("etcd answers /health", etcd, async () => {
+    const response = await fetch(`${etcdUrl}/health`);
+    return response.ok && ((await response.json()) as { health?: string }).health === "true";
+  });
+
+  return etcdUrl;
+}
+
+/** kube-apiserver on the port, ready; its URL and the CA that signs its certificate. */
+async function startApiServer(binDir: string, dir: string, processes: Watched[], pki: Awaited<ReturnType<typeof makePki>>, etcdUrl: string, apiPort: number): Promise<{ server: string; ca: Buffer }> {
+  const { cert, key, tokens, saPub, saKey, token } = pki;
+  const server = `https://127.0.0.1:${apiPort}`;
+  const apiserver = await watched(
+    path.join(binDir, "kube-apiserver"),
+    [
+      `--etcd-servers=${etcdUrl}`,
+      "--bind-address=127.0.0.1",
+      "--advertise-address=127.0.0.1",
+      `--secure-port=${apiPort}`,
+      `--tls-cert-file=${cert}`,
+      `--tls-private-key-file=${key}`,
+      `--cert-dir=${path.join(dir, "apiserver-certs")}`,
+      `--token-auth-file=${tokens}`,
+      "--authorization-mode=Node,RBAC",
+      "--service-cluster-ip-range=10.96.0.0/24",
+      "--service-account-issuer=https://kubernetes.default.svc",
+      `--service-account-key-file=${saPub}`,
+      `--service-account-signing-key-file=${saKey}`,
+      // The node DaemonSet runs a privileged mount-owner: a real cluster allows that, and so must dry-run validation.
+      "--allow-privileged=true",
+      "--profiling=false",
+    ],
+    path.join(dir, "kube-apiserver.log"),
+  );
+  processes.push(apiserver);
+  const ca = await fs.readFile(cert);
+  await until("kube-apiserver answers /readyz", apiserver, async () => (await get(server, token, ca, "/readyz")) === "ok", 120_000);
+
+  return { server, ca };
+}
+
+/** A kubeconfig naming the API server as the admin; its path. */
+async function writeKubeconfig(dir: string, server: string, ca: Buffer, token: string): Promise<string> {
+  const kubeconfig = path.join(dir, "kubeconfig");
+  // JSON is YAML: kubectl and @kubernetes/client-node both read it.
+  await fs.writeFile(
+    kubeconfig,
+    JSON.stringify(
+      {
+        apiVersion: "v1",
+        kind: "Config",
+        clusters: [{ name: "e2e", cluster: { server, "certificate-authority-data": ca.toString("base64") } }],
+        users: [{ name: "admin", user: { token } }],
+        contexts: [{ name: "e2e", context: { cluster: "e2e", user: "admin", namespace: "default" } }],
+        "current-context": "e2e",
+      },
+      null,
+      2,
+    ),
+    { mode: 0o600 },
+  );
+  return kubeconfig;
 }
 
 /** Runs a command-line tool, input on stdin; resolves to stdout, rejects with stderr in the message. */
