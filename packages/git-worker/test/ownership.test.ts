@@ -67,101 +67,131 @@ interface Session {
 
 /** checkServing: clocks are close enough that serving by a node's own clock must be exclusive too. */
 function runModel(ops: Op[], maxSkewMs: number, checkServing: boolean): void {
-  let realTime = 1_000_000;
-  const register: { version: number; record?: OwnerRecord } = { version: 0 };
-  const skew = [0, 0, 0];
-  const sessions: (Session | undefined)[] = [undefined, undefined, undefined];
-  const superseded = new Set<string>();
-  let epochs = 0;
-  const clock = (node: number) => realTime + skew[node]!;
+  const model = new Model(maxSkewMs, checkServing);
+  for (const op of ops) {
+    model.apply(op);
+    // Never two current epochs: at most one node serves at any moment.
+    if (checkServing) assert.ok([0, 1, 2].filter((n) => model.believes(n)).length <= 1, `two nodes serve at once: ${JSON.stringify(model.sessions)}`);
+  }
+}
 
-  const cas = (expected: number, record: OwnerRecord): boolean => {
-    if (register.version !== expected) return false;
-    if (register.record && register.record.epoch !== record.epoch) superseded.add(register.record.epoch);
-    register.version++;
-    register.record = record;
+/** Three nodes, one owner ref as a compare-and-swap register, and a real time each node sees with its skew. */
+class Model {
+  private realTime = 1_000_000;
+  private readonly register: { version: number; record?: OwnerRecord } = { version: 0 };
+  private readonly skew = [0, 0, 0];
+  readonly sessions: (Session | undefined)[] = [undefined, undefined, undefined];
+  private readonly superseded = new Set<string>();
+  private epochs = 0;
+
+  constructor(
+    private readonly maxSkewMs: number,
+    private readonly checkServing: boolean,
+  ) {}
+
+  apply(op: Op): void {
+    if (op.kind === "advance") this.realTime += op.ms;
+    else if (op.kind === "skew") this.skew[op.node] = Math.max(-this.maxSkewMs, Math.min(this.maxSkewMs, op.ms));
+    else {
+      const s = this.sessions[op.node];
+      if (op.kind === "claim" && !s) this.claim(op.node);
+      else if (op.kind === "restart" && s && !s.lost) this.restart(op.node, s);
+      else if (op.kind === "renew" && s && !s.lost) {
+        if (this.clock(op.node) >= s.serveUntil) s.lost = true;
+        else this.fencedRenewal(op.node);
+      } else if (op.kind === "push" && s && !s.lost) this.push(op.node, s);
+      else if (op.kind === "write" && s) this.write(op.node, s);
+      else if (op.kind === "unstage" && s) this.unstage(op.node, s);
+    }
+  }
+
+  believes(node: number): boolean {
+    const s = this.sessions[node];
+    return s !== undefined && !s.lost && this.clock(node) < s.serveUntil;
+  }
+
+  private clock(node: number): number {
+    return this.realTime + this.skew[node]!;
+  }
+
+  private cas(expected: number, record: OwnerRecord): boolean {
+    if (this.register.version !== expected) return false;
+    if (this.register.record && this.register.record.epoch !== record.epoch) this.superseded.add(this.register.record.epoch);
+    this.register.version++;
+    this.register.record = record;
     return true;
-  };
-  const believes = (node: number) => {
-    const s = sessions[node];
-    return s !== undefined && !s.lost && clock(node) < s.serveUntil;
-  };
+  }
+
+  private claim(node: number): void {
+    const holder: Holder = { volumeId: "v", node: `n${node}`, epoch: `e${++this.epochs}`, accessMode: "ReadWriteOnce", leaseMs: LEASE_MS, continues: false };
+    const version = this.register.version;
+    const decision = decideClaim(this.register.record, holder, this.clock(node));
+    if ("write" in decision && this.cas(version, decision.write)) {
+      this.sessions[node] = { holder, version: this.register.version, record: decision.write, serveUntil: serveUntil(decision.write), lost: false };
+    }
+  }
+
+  private restart(node: number, s: Session): void {
+    const version = this.register.version;
+    const decision = decideClaim(this.register.record, { ...s.holder, continues: true }, this.clock(node));
+    if (!("write" in decision)) s.lost = true;
+    else {
+      assert.ok(!this.superseded.has(s.holder.epoch), `superseded epoch ${s.holder.epoch} took the volume back`);
+      if (this.cas(version, decision.write)) {
+        s.version = this.register.version;
+        s.record = decision.write;
+        s.serveUntil = serveUntil(decision.write);
+      }
+    }
+  }
+
   /** A fenced step: renewal from the record last written, one fetch and decision again on a lost race. */
-  const fencedRenewal = (node: number): boolean => {
-    const s = sessions[node]!;
+  private fencedRenewal(node: number): boolean {
+    const s = this.sessions[node]!;
     for (let attempt = 0; attempt < 2; attempt++) {
-      const decision = decideRenew(s.record, s.holder, clock(node));
+      const decision = decideRenew(s.record, s.holder, this.clock(node));
       if (!("write" in decision)) {
         s.lost = true;
         return false;
       }
-      if (cas(s.version, decision.write)) {
-        s.version = register.version;
+      if (this.cas(s.version, decision.write)) {
+        s.version = this.register.version;
         s.record = decision.write;
         s.serveUntil = serveUntil(decision.write);
         return true;
       }
-      if (!register.record) {
+      if (!this.register.record) {
         s.lost = true;
         return false;
       }
-      s.version = register.version;
-      s.record = register.record;
+      s.version = this.register.version;
+      s.record = this.register.record;
     }
     return false;
-  };
+  }
 
-  for (const op of ops) {
-    if (op.kind === "advance") realTime += op.ms;
-    else if (op.kind === "skew") skew[op.node] = Math.max(-maxSkewMs, Math.min(maxSkewMs, op.ms));
-    else {
-      const node = op.node;
-      const s = sessions[node];
-      if (op.kind === "claim" && !s) {
-        const holder: Holder = { volumeId: "v", node: `n${node}`, epoch: `e${++epochs}`, accessMode: "ReadWriteOnce", leaseMs: LEASE_MS, continues: false };
-        const version = register.version;
-        const decision = decideClaim(register.record, holder, clock(node));
-        if ("write" in decision && cas(version, decision.write)) {
-          sessions[node] = { holder, version: register.version, record: decision.write, serveUntil: serveUntil(decision.write), lost: false };
-        }
-      } else if (op.kind === "restart" && s && !s.lost) {
-        const version = register.version;
-        const decision = decideClaim(register.record, { ...s.holder, continues: true }, clock(node));
-        if (!("write" in decision)) s.lost = true;
-        else {
-          assert.ok(!superseded.has(s.holder.epoch), `superseded epoch ${s.holder.epoch} took the volume back`);
-          if (cas(version, decision.write)) {
-            s.version = register.version;
-            s.record = decision.write;
-            s.serveUntil = serveUntil(decision.write);
-          }
-        }
-      } else if (op.kind === "renew" && s && !s.lost) {
-        if (clock(node) >= s.serveUntil) s.lost = true;
-        else fencedRenewal(node);
-      } else if (op.kind === "push" && s && !s.lost) {
-        const epoch = s.holder.epoch;
-        if (fencedRenewal(node)) {
-          // The push landed atomically with the renewal: the register names its epoch.
-          assert.equal(register.record?.epoch, epoch);
-          assert.ok(!superseded.has(epoch), `a push of superseded epoch ${epoch} landed`);
-        }
-      } else if (op.kind === "write" && s) {
-        if (believes(node)) {
-          if (!checkServing) continue;
-          assert.equal(register.record?.epoch, s.holder.epoch, `node ${node} served a write for epoch ${s.holder.epoch} while the owner ref names ${register.record?.epoch}`);
-          assert.ok(!register.record?.released);
-        } else {
-          s.lost = true;
-        }
-      } else if (op.kind === "unstage" && s) {
-        const decision = decideRelease(register.record, s.holder.epoch, clock(node));
-        if ("write" in decision) cas(register.version, decision.write);
-        sessions[node] = undefined;
-      }
+  private push(node: number, s: Session): void {
+    const epoch = s.holder.epoch;
+    if (!this.fencedRenewal(node)) return;
+    // The push landed atomically with the renewal: the register names its epoch.
+    assert.equal(this.register.record?.epoch, epoch);
+    assert.ok(!this.superseded.has(epoch), `a push of superseded epoch ${epoch} landed`);
+  }
+
+  private write(node: number, s: Session): void {
+    if (!this.believes(node)) {
+      s.lost = true;
+      return;
     }
-    // Never two current epochs: at most one node serves at any moment.
-    if (checkServing) assert.ok([0, 1, 2].filter(believes).length <= 1, `two nodes serve at once: ${JSON.stringify(sessions)}`);
+    if (!this.checkServing) return;
+    assert.equal(this.register.record?.epoch, s.holder.epoch, `node ${node} served a write for epoch ${s.holder.epoch} while the owner ref names ${this.register.record?.epoch}`);
+    assert.ok(!this.register.record?.released);
+  }
+
+  private unstage(node: number, s: Session): void {
+    const decision = decideRelease(this.register.record, s.holder.epoch, this.clock(node));
+    if ("write" in decision) this.cas(this.register.version, decision.write);
+    this.sessions[node] = undefined;
   }
 }
 
