@@ -20,6 +20,7 @@
 //   binDir      where kube-apiserver, kubectl and etcd are
 //   kubectl(args, input?)  runs kubectl with that kubeconfig, input on stdin;
 //               resolves to stdout, rejects with stderr in the message
+//   apply(...objects)  kubectl apply of the objects, as one List
 //   stop()      ends kube-apiserver and etcd; idempotent
 // kubeToolsMissing() says why the binaries are not there (a test skips with
 // it), kubeVersions() and kubeBinDir() where they are, and watched()/until()
@@ -48,6 +49,7 @@ export interface Kube {
   kubeconfig: string;
   binDir: string;
   kubectl(args: string[], input?: string): Promise<string>;
+  apply(...objects: object[]): Promise<string>;
   stop(): Promise<void>;
 }
 
@@ -103,12 +105,14 @@ export async function startKube(dir: string): Promise<Kube> {
     const { server, ca } = await startApiServer(binDir, dir, processes, pki, etcdUrl, apiPort);
     const kubeconfig = await writeKubeconfig(dir, server, ca, pki.token);
     const kubectlEnv = { ...process.env, KUBECONFIG: kubeconfig, KUBECACHEDIR: path.join(dir, "kubectl-cache") };
+    const kubectl = (args: string[], input?: string) => runTool(path.join(binDir, "kubectl"), args, kubectlEnv, input);
     return {
       server,
       token: pki.token,
       kubeconfig,
       binDir,
-      kubectl: (args, input) => runTool(path.join(binDir, "kubectl"), args, kubectlEnv, input),
+      kubectl,
+      apply: (...items) => kubectl(["apply", "-f", "-"], JSON.stringify({ apiVersion: "v1", kind: "List", items })),
       stop,
     };
   } catch (err) {

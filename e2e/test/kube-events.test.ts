@@ -26,33 +26,19 @@ test("EventRecorder posts, counts and rate-limits core/v1 Events on a real API s
   const kube = await kubeForTest(t, "kube-events");
   if (!kube) return;
   const ns = "apps";
-  await kube.kubectl(
-    ["apply", "-f", "-"],
-    JSON.stringify({
-      apiVersion: "v1",
-      kind: "List",
-      items: [
-        { apiVersion: "v1", kind: "Namespace", metadata: { name: ns } },
-        // No controller creates it here, and admission wants it for a pod.
-        { apiVersion: "v1", kind: "ServiceAccount", metadata: { name: "default", namespace: ns } },
-      ],
-    }),
+  await kube.apply(
+    { apiVersion: "v1", kind: "Namespace", metadata: { name: ns } },
+    // No controller creates it here, and admission wants it for a pod.
+    { apiVersion: "v1", kind: "ServiceAccount", metadata: { name: "default", namespace: ns } },
   );
-  await kube.kubectl(
-    ["apply", "-f", "-"],
-    JSON.stringify({
+  await kube.apply(
+    {
       apiVersion: "v1",
-      kind: "List",
-      items: [
-        {
-          apiVersion: "v1",
-          kind: "PersistentVolumeClaim",
-          metadata: { name: "config", namespace: ns },
-          spec: { accessModes: ["ReadWriteOncePod"], resources: { requests: { storage: "1Gi" } }, storageClassName: "" },
-        },
-        { apiVersion: "v1", kind: "Pod", metadata: { name: "homeassistant", namespace: ns }, spec: { containers: [{ name: "app", image: "busybox" }] } },
-      ],
-    }),
+      kind: "PersistentVolumeClaim",
+      metadata: { name: "config", namespace: ns },
+      spec: { accessModes: ["ReadWriteOncePod"], resources: { requests: { storage: "1Gi" } }, storageClassName: "" },
+    },
+    { apiVersion: "v1", kind: "Pod", metadata: { name: "homeassistant", namespace: ns }, spec: { containers: [{ name: "app", image: "busybox" }] } },
   );
   const uidOf = (kind: string, name: string) => kube.kubectl(["get", kind, name, "-n", ns, "-o", "jsonpath={.metadata.uid}"]);
   const pod: InvolvedObject = { kind: "Pod", namespace: ns, name: "homeassistant", uid: await uidOf("pod", "homeassistant") };

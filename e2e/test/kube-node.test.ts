@@ -43,7 +43,7 @@ test("the node services against a real API server: a claim's class arms the volu
   });
   await server.createRepo("homeassistant.git", { files: { "configuration.yaml": "homeassistant: {}\n" } });
   const url = server.url("homeassistant.git");
-  const apply = (...items: object[]) => kube.kubectl(["apply", "-f", "-"], JSON.stringify({ apiVersion: "v1", kind: "List", items }));
+  const apply = kube.apply;
   const vac = (name: string, parameters: Record<string, string>) => ({ apiVersion: "storage.k8s.io/v1", kind: "VolumeAttributesClass", metadata: { name }, driverName: "git.liken.sh", parameters });
   await apply(
     { apiVersion: "v1", kind: "Namespace", metadata: { name: "home" } },
