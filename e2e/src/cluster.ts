@@ -129,64 +129,12 @@ export async function startCluster(dir: string, nodeCount = 2): Promise<Cluster>
     const inNetns = (b: string, args: string[], input?: string) => runTool("nsenter", [`--net=/run/netns/${netns}`, "--", b, ...args], kubectlEnv, input);
     const kubectl = (args: string[], input?: string) => inNetns(path.join(bin, "kubectl"), args, input);
 
-    await start("etcd", path.join(bin, "etcd"), [
-      "--name=e2e",
-      `--data-dir=${path.join(dir, "etcd")}`,
-      "--listen-client-urls=http://127.0.0.1:2379",
-      "--advertise-client-urls=http://127.0.0.1:2379",
-      "--listen-peer-urls=http://127.0.0.1:2380",
-      "--initial-advertise-peer-urls=http://127.0.0.1:2380",
-      "--initial-cluster=e2e=http://127.0.0.1:2380",
-      "--unsafe-no-fsync",
-      "--log-level=warn",
-    ]);
-    const apiserver = await start("kube-apiserver", path.join(bin, "kube-apiserver"), [
-      "--etcd-servers=http://127.0.0.1:2379",
-      `--bind-address=${API_ADDRESS}`,
-      `--advertise-address=${API_ADDRESS}`,
-      "--secure-port=443",
-      `--tls-cert-file=${pki.serving.cert}`,
-      `--tls-private-key-file=${pki.serving.key}`,
-      `--cert-dir=${path.join(dir, "apiserver-certs")}`,
-      `--token-auth-file=${pki.tokensFile}`,
-      "--authorization-mode=Node,RBAC",
-      `--service-cluster-ip-range=${SERVICE_RANGE}`,
-      "--service-account-issuer=https://kubernetes.default.svc",
-      `--service-account-key-file=${pki.serviceAccount.pub}`,
-      `--service-account-signing-key-file=${pki.serviceAccount.key}`,
-      "--allow-privileged=true",
-      "--profiling=false",
-      // kubectl logs and exec reach the kubelets by their InternalIP, with a client certificate they trust.
-      "--kubelet-preferred-address-types=InternalIP",
-      `--kubelet-client-certificate=${pki.kubeletClient.cert}`,
-      `--kubelet-client-key=${pki.kubeletClient.key}`,
-    ]);
+    await start("etcd", path.join(bin, "etcd"), etcdArgs(dir));
+    const apiserver = await start("kube-apiserver", path.join(bin, "kube-apiserver"), apiServerArgs(dir, pki));
     await until("kube-apiserver answers /readyz", apiserver, async () => (await kubectl(["get", "--raw", "/readyz"])) === "ok", 120_000);
 
-    await start("kube-controller-manager", path.join(bin, "kube-controller-manager"), [
-      `--kubeconfig=${kubeconfig}`,
-      `--authentication-kubeconfig=${kubeconfig}`,
-      `--authorization-kubeconfig=${kubeconfig}`,
-      "--leader-elect=false",
-      "--bind-address=127.0.0.1",
-      `--cert-dir=${path.join(dir, "kcm-certs")}`,
-      // The service-account token controller signs pods' tokens; kube-root-ca.crt carries the CA pods verify the API server with.
-      `--service-account-private-key-file=${pki.serviceAccount.key}`,
-      `--root-ca-file=${pki.ca}`,
-      "--use-service-account-credentials=false",
-      "--controllers=*",
-      // Otherwise it creates /usr/libexec/kubernetes/kubelet-plugins on the machine.
-      `--flex-volume-plugin-dir=${path.join(dir, "kcm-volume-plugins")}`,
-      // A lost node's pods are marked for deletion soon, not after the default 5 minutes.
-      "--node-monitor-grace-period=20s",
-    ]);
-    await start("kube-scheduler", path.join(bin, "kube-scheduler"), [
-      `--kubeconfig=${kubeconfig}`,
-      `--authentication-kubeconfig=${kubeconfig}`,
-      `--authorization-kubeconfig=${kubeconfig}`,
-      "--leader-elect=false",
-      "--bind-address=127.0.0.1",
-    ]);
+    await start("kube-controller-manager", path.join(bin, "kube-controller-manager"), controllerManagerArgs(dir, kubeconfig, pki));
+    await start("kube-scheduler", path.join(bin, "kube-scheduler"), schedulerArgs(kubeconfig));
 
     for (let n = 1; n <= nodeCount; n++) nodes.push(await startNode(n, cgroupRoots[n - 1]!, path.join(dir, `node${n}`), netns, pki, bin));
     await until(
@@ -200,27 +148,82 @@ export async function startCluster(dir: string, nodeCount = 2): Promise<Cluster>
     );
     await until("the default ServiceAccount exists", apiserver, async () => kubectl(["get", "serviceaccount", "default"]).then(() => true), 60_000);
 
-    return {
-      netns,
-      kubeconfig,
-      nodes,
-      kubectl,
-      helm: (args) => inNetns(HELM, args),
-      // The nodes unpack at once, each its archives in turn.
-      importImages: async (archives) => {
-        await Promise.all(
-          nodes.map(async (node) => {
-            for (const archive of archives) await importImage(node.containerdSocket, archive);
-          }),
-        );
-      },
-      // Every process of a node ends with it, and its mounts with its mount namespace.
-      stop,
-    };
+    return { netns, kubeconfig, nodes, kubectl, helm: (args) => inNetns(HELM, args), importImages: (archives) => importInto(nodes, archives), stop };
   } catch (err) {
     await stop();
     throw err;
   }
+}
+
+function etcdArgs(dir: string): string[] {
+  return [
+    "--name=e2e",
+    `--data-dir=${path.join(dir, "etcd")}`,
+    "--listen-client-urls=http://127.0.0.1:2379",
+    "--advertise-client-urls=http://127.0.0.1:2379",
+    "--listen-peer-urls=http://127.0.0.1:2380",
+    "--initial-advertise-peer-urls=http://127.0.0.1:2380",
+    "--initial-cluster=e2e=http://127.0.0.1:2380",
+    "--unsafe-no-fsync",
+    "--log-level=warn",
+  ];
+}
+
+function apiServerArgs(dir: string, pki: Pki): string[] {
+  return [
+    "--etcd-servers=http://127.0.0.1:2379",
+    `--bind-address=${API_ADDRESS}`,
+    `--advertise-address=${API_ADDRESS}`,
+    "--secure-port=443",
+    `--tls-cert-file=${pki.serving.cert}`,
+    `--tls-private-key-file=${pki.serving.key}`,
+    `--cert-dir=${path.join(dir, "apiserver-certs")}`,
+    `--token-auth-file=${pki.tokensFile}`,
+    "--authorization-mode=Node,RBAC",
+    `--service-cluster-ip-range=${SERVICE_RANGE}`,
+    "--service-account-issuer=https://kubernetes.default.svc",
+    `--service-account-key-file=${pki.serviceAccount.pub}`,
+    `--service-account-signing-key-file=${pki.serviceAccount.key}`,
+    "--allow-privileged=true",
+    "--profiling=false",
+    // kubectl logs and exec reach the kubelets by their InternalIP, with a client certificate they trust.
+    "--kubelet-preferred-address-types=InternalIP",
+    `--kubelet-client-certificate=${pki.kubeletClient.cert}`,
+    `--kubelet-client-key=${pki.kubeletClient.key}`,
+  ];
+}
+
+function controllerManagerArgs(dir: string, kubeconfig: string, pki: Pki): string[] {
+  return [
+    `--kubeconfig=${kubeconfig}`,
+    `--authentication-kubeconfig=${kubeconfig}`,
+    `--authorization-kubeconfig=${kubeconfig}`,
+    "--leader-elect=false",
+    "--bind-address=127.0.0.1",
+    `--cert-dir=${path.join(dir, "kcm-certs")}`,
+    // The service-account token controller signs pods' tokens; kube-root-ca.crt carries the CA pods verify the API server with.
+    `--service-account-private-key-file=${pki.serviceAccount.key}`,
+    `--root-ca-file=${pki.ca}`,
+    "--use-service-account-credentials=false",
+    "--controllers=*",
+    // Otherwise it creates /usr/libexec/kubernetes/kubelet-plugins on the machine.
+    `--flex-volume-plugin-dir=${path.join(dir, "kcm-volume-plugins")}`,
+    // A lost node's pods are marked for deletion soon, not after the default 5 minutes.
+    "--node-monitor-grace-period=20s",
+  ];
+}
+
+function schedulerArgs(kubeconfig: string): string[] {
+  return [`--kubeconfig=${kubeconfig}`, `--authentication-kubeconfig=${kubeconfig}`, `--authorization-kubeconfig=${kubeconfig}`, "--leader-elect=false", "--bind-address=127.0.0.1"];
+}
+
+/** The nodes unpack at once, each its archives in turn. */
+async function importInto(nodes: ClusterNode[], archives: string[]): Promise<void> {
+  await Promise.all(
+    nodes.map(async (node) => {
+      for (const archive of archives) await importImage(node.containerdSocket, archive);
+    }),
+  );
 }
 
 // The cluster's guard, under the watchdog of kube.ts: when the test process
@@ -345,7 +348,37 @@ async function kubeconfigFile(dir: string, user: string, token: string, ca: stri
 async function startNode(n: number, cgroupRoot: string, dir: string, netns: string, pki: Pki, bin: string): Promise<ClusterNode> {
   const name = `node${n}`;
   const address = nodeAddress(n);
-  const paths = {
+  const paths = nodePaths(dir);
+  for (const p of [...Object.values(paths), ...Object.values(NODE_PATHS)]) await fs.mkdir(p, { recursive: true });
+  await nodeCgroups(cgroupRoot);
+  const socket = path.join(paths.containerd, "containerd.sock");
+  await fs.writeFile(path.join(dir, "containerd.toml"), containerdConfig(paths.containerd, socket, paths.netd, address));
+  await fs.writeFile(path.join(paths.netd, "10-bridge.conflist"), bridgeConfig(name, `${netns}n${n}`.slice(-15), podRange(n), paths.cni));
+  const { containerd, holder } = await startContainerd(name, dir, netns, paths, cgroupRoot, socket);
+  await importImage(socket, await pauseArchive(path.join(dir, "pause.tar"), bin));
+  const kubeconfig = await kubeconfigFile(dir, name, pki.tokens[name]!, pki.ca);
+  await fs.writeFile(path.join(dir, "kubelet.yaml"), JSON.stringify(kubeletConfig(address, cgroupRoot, socket, pki.kubeletClientCa, path.join(dir, "volume-plugins"))));
+  const kubelet = await watched("nsenter", kubeletArgs(name, address, dir, netns, holder, cgroupRoot, kubeconfig, bin), path.join(dir, "kubelet.log"));
+  const freezer = `/sys/fs/cgroup/freezer/${cgroupRoot}/freezer.state`;
+  return {
+    name,
+    address,
+    dir,
+    containerdSocket: socket,
+    freeze: () => settleFreezer(freezer, "FROZEN"),
+    thaw: () => settleFreezer(freezer, "THAWED"),
+    stop: async () => {
+      await kubelet.stop();
+      await stopContainers(socket);
+      await containerd.stop();
+    },
+  };
+}
+
+type NodePaths = Record<"kubelet" | "state" | "podLogs" | "netns" | "containerd" | "netd" | "cni", string>;
+
+function nodePaths(dir: string): NodePaths {
+  return {
     kubelet: path.join(dir, "kubelet"),
     state: path.join(dir, "state"),
     podLogs: path.join(dir, "pods"),
@@ -354,10 +387,10 @@ async function startNode(n: number, cgroupRoot: string, dir: string, netns: stri
     netd: path.join(dir, "net.d"),
     cni: path.join(dir, "cni"),
   };
-  for (const p of Object.values(paths)) await fs.mkdir(p, { recursive: true });
-  for (const p of Object.values(NODE_PATHS)) await fs.mkdir(p, { recursive: true });
+}
 
-  // The kubelet's cgroupRoot must exist in every v1 hierarchy; a cpuset group needs its cpus and mems.
+/** The kubelet's cgroupRoot must exist in every v1 hierarchy; a cpuset group needs its cpus and mems. */
+async function nodeCgroups(cgroupRoot: string): Promise<void> {
   for (const h of HIERARCHIES) await fs.mkdir(`/sys/fs/cgroup/${h}/${cgroupRoot}/system`, { recursive: true });
   const cpuset = "/sys/fs/cgroup/cpuset";
   for (const [parent, group] of [
@@ -366,96 +399,67 @@ async function startNode(n: number, cgroupRoot: string, dir: string, netns: stri
   ] as const) {
     for (const file of ["cpuset.cpus", "cpuset.mems"]) await fs.writeFile(`${group}/${file}`, await fs.readFile(`${parent}/${file}`));
   }
+}
 
-  const socket = path.join(paths.containerd, "containerd.sock");
-  await fs.writeFile(path.join(dir, "containerd.toml"), containerdConfig(paths.containerd, socket, paths.netd, address));
-  await fs.writeFile(
-    path.join(paths.netd, "10-bridge.conflist"),
-    JSON.stringify({
-      cniVersion: "0.4.0",
-      name: `pods-${name}`,
-      plugins: [
-        {
-          type: "bridge",
-          bridge: `${netns}n${n}`.slice(-15),
-          isGateway: true,
-          ipMasq: false,
-          hairpinMode: true,
-          ipam: { type: "host-local", ranges: [[{ subnet: podRange(n) }]], routes: [{ dst: "0.0.0.0/0" }], dataDir: paths.cni },
-        },
-      ],
-    }),
-  );
+function bridgeConfig(name: string, bridge: string, subnet: string, dataDir: string): string {
+  return JSON.stringify({
+    cniVersion: "0.4.0",
+    name: `pods-${name}`,
+    plugins: [
+      {
+        type: "bridge",
+        bridge,
+        isGateway: true,
+        ipMasq: false,
+        hairpinMode: true,
+        ipam: { type: "host-local", ranges: [[{ subnet }]], routes: [{ dst: "0.0.0.0/0" }], dataDir },
+      },
+    ],
+  });
+}
 
-  // containerd holds the node's mount namespace: it binds the node's directories over the paths every node uses, then runs.
+function joinCgroup(cgroupRoot: string): string {
+  return `echo $$ > /sys/fs/cgroup/freezer/${cgroupRoot}/system/cgroup.procs`;
+}
+
+/** containerd holds the node's mount namespace: it binds the node's directories over the paths every node uses, then runs. */
+async function startContainerd(name: string, dir: string, netns: string, paths: NodePaths, cgroupRoot: string, socket: string): Promise<{ containerd: Watched; holder: string }> {
   const pidFile = path.join(dir, "containerd.pid");
   // Shared inside the node, as on a real one: the mount-owner's Bidirectional mounts reach the kubelet and the pods.
   const binds = Object.entries(NODE_PATHS)
     .map(([key, target]) => `mount --bind ${paths[key as keyof typeof NODE_PATHS]} ${target} && mount --make-rshared ${target}`)
     .join(" && ");
-  const joinCgroup = `echo $$ > /sys/fs/cgroup/freezer/${cgroupRoot}/system/cgroup.procs`;
-  const containerd = await watched(
-    "nsenter",
-    [
-      `--net=/run/netns/${netns}`,
-      "--",
-      "unshare",
-      "--mount",
-      "--propagation",
-      "slave",
-      "--",
-      "sh",
-      "-c",
-      `${binds} && ${joinCgroup} && echo $$ > ${pidFile} && exec containerd --config ${path.join(dir, "containerd.toml")}`,
-    ],
-    path.join(dir, "containerd.log"),
-  );
+  const script = `${binds} && ${joinCgroup(cgroupRoot)} && echo $$ > ${pidFile} && exec containerd --config ${path.join(dir, "containerd.toml")}`;
+  const args = [`--net=/run/netns/${netns}`, "--", "unshare", "--mount", "--propagation", "slave", "--", "sh", "-c", script];
+  const containerd = await watched("nsenter", args, path.join(dir, "containerd.log"));
   await until(`containerd of ${name} answers`, containerd, async () => (await run("ctr", ["-a", socket, "version"])).stdout.includes("Server"), 30_000);
-  const holder = (await fs.readFile(pidFile, "utf8")).trim();
-  await importImage(socket, await pauseArchive(path.join(dir, "pause.tar"), bin));
+  return { containerd, holder: (await fs.readFile(pidFile, "utf8")).trim() };
+}
 
-  const kubeconfig = await kubeconfigFile(dir, name, pki.tokens[name]!, pki.ca);
-  await fs.writeFile(path.join(dir, "kubelet.yaml"), JSON.stringify(kubeletConfig(address, cgroupRoot, socket, pki.kubeletClientCa, path.join(dir, "volume-plugins"))));
-  const kubelet = await watched(
-    "nsenter",
-    [
-      `--net=/run/netns/${netns}`,
-      `--mount=/proc/${holder}/ns/mnt`,
-      "--",
-      "sh",
-      "-c",
-      `${joinCgroup} && exec "$@"`,
-      "kubelet",
-      path.join(bin, "kubelet"),
-      `--config=${path.join(dir, "kubelet.yaml")}`,
-      `--kubeconfig=${kubeconfig}`,
-      `--cert-dir=${path.join(dir, "kubelet-pki")}`,
-      `--hostname-override=${name}`,
-      `--node-ip=${address}`,
-      "--v=2",
-    ],
-    path.join(dir, "kubelet.log"),
-  );
+/** The kubelet runs in the node's network and mount namespaces and its freezer cgroup. */
+function kubeletArgs(name: string, address: string, dir: string, netns: string, holder: string, cgroupRoot: string, kubeconfig: string, bin: string): string[] {
+  return [
+    `--net=/run/netns/${netns}`,
+    `--mount=/proc/${holder}/ns/mnt`,
+    "--",
+    "sh",
+    "-c",
+    `${joinCgroup(cgroupRoot)} && exec "$@"`,
+    "kubelet",
+    path.join(bin, "kubelet"),
+    `--config=${path.join(dir, "kubelet.yaml")}`,
+    `--kubeconfig=${kubeconfig}`,
+    `--cert-dir=${path.join(dir, "kubelet-pki")}`,
+    `--hostname-override=${name}`,
+    `--node-ip=${address}`,
+    "--v=2",
+  ];
+}
 
-  const freezer = `/sys/fs/cgroup/freezer/${cgroupRoot}/freezer.state`;
-  const settle = async (state: "FROZEN" | "THAWED") => {
-    await fs.writeFile(freezer, state);
-    // FREEZING until every task stopped.
-    while ((await fs.readFile(freezer, "utf8")).trim() !== state) await new Promise((r) => setTimeout(r, 100));
-  };
-  return {
-    name,
-    address,
-    dir,
-    containerdSocket: socket,
-    freeze: () => settle("FROZEN"),
-    thaw: () => settle("THAWED"),
-    stop: async () => {
-      await kubelet.stop();
-      await stopContainers(socket);
-      await containerd.stop();
-    },
-  };
+async function settleFreezer(freezer: string, state: "FROZEN" | "THAWED"): Promise<void> {
+  await fs.writeFile(freezer, state);
+  // FREEZING until every task stopped.
+  while ((await fs.readFile(freezer, "utf8")).trim() !== state) await new Promise((r) => setTimeout(r, 100));
 }
 
 function containerdConfig(root: string, socket: string, netd: string, address: string): string {
