@@ -301,26 +301,22 @@ const rwoPod = (name: string, node: string) =>
     },
   });
 
+/** A repository on the ssh server, a deploy key of it, and that key as a `kubernetes.io/ssh-auth` Secret in a namespace of the same name. */
+async function repositoryWithKey(name: string): Promise<{ name: string; namespace: string }> {
+  await git.createRepo(`${name}.git`, { files: { "README.md": `${name}\n` } });
+  const key = await git.addDeployKey(name);
+  const keyFile = path.join(dir, `${name}-key`);
+  await fs.writeFile(keyFile, key.privateKey, { mode: 0o600 });
+  await kubectl("create", "namespace", name);
+  const files = [`--from-file=ssh-privatekey=${keyFile}`, `--from-file=known_hosts=${path.join(dir, "known_hosts")}`];
+  await kubectl("create", "secret", "generic", `${name}-key`, "-n", name, "--type=kubernetes.io/ssh-auth", ...files);
+  return { name: `${name}-key`, namespace: name };
+}
+
 const nodeLines = (text: string | undefined, node: string) => (text ?? "").split("\n").filter((l) => l.startsWith(`${node} `));
 
 test("ReadWriteOnce across two nodes: node 1 is lost, node 2 takes the volume after the lease, node 1 back lands nothing", { skip }, async () => {
-  await git.createRepo("rwo.git", { files: { "README.md": "rwo\n" } });
-  const key = await git.addDeployKey("rwo");
-  const keyFile = path.join(dir, "rwo-key");
-  await fs.writeFile(keyFile, key.privateKey, { mode: 0o600 });
-  await kubectl("create", "namespace", "rwo");
-  await kubectl(
-    "create",
-    "secret",
-    "generic",
-    "rwo-key",
-    "-n",
-    "rwo",
-    "--type=kubernetes.io/ssh-auth",
-    `--from-file=ssh-privatekey=${keyFile}`,
-    `--from-file=known_hosts=${path.join(dir, "known_hosts")}`,
-  );
-  const secretRef = { name: "rwo-key", namespace: "rwo" };
+  const secretRef = await repositoryWithKey("rwo");
   await apply(
     JSON.stringify({
       apiVersion: "v1",
@@ -390,23 +386,7 @@ test("ReadWriteOnce across two nodes: node 1 is lost, node 2 takes the volume af
 });
 
 test("a non-root pod with fsGroup writes, and its files carry the fsGroup", { skip }, async () => {
-  await git.createRepo("fsgroup.git", { files: { "README.md": "fsgroup\n" } });
-  const key = await git.addDeployKey("fsgroup");
-  const keyFile = path.join(dir, "fsgroup-key");
-  await fs.writeFile(keyFile, key.privateKey, { mode: 0o600 });
-  await kubectl("create", "namespace", "fsgroup");
-  await kubectl(
-    "create",
-    "secret",
-    "generic",
-    "fsgroup-key",
-    "-n",
-    "fsgroup",
-    "--type=kubernetes.io/ssh-auth",
-    `--from-file=ssh-privatekey=${keyFile}`,
-    `--from-file=known_hosts=${path.join(dir, "known_hosts")}`,
-  );
-  const secretRef = { name: "fsgroup-key", namespace: "fsgroup" };
+  const secretRef = await repositoryWithKey("fsgroup");
   await apply(
     JSON.stringify({
       apiVersion: "v1",
