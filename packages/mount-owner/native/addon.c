@@ -21,7 +21,7 @@
 			return throw_errno(env, EINVAL, #call " failed");                         \
 	} while (0)
 
-static napi_value throw_errno(napi_env env, int err, const char *what)
+napi_value throw_errno(napi_env env, int err, const char *what)
 {
 	char message[512];
 	snprintf(message, sizeof(message), "%s: %s", what, strerror(err));
@@ -33,6 +33,8 @@ static napi_value throw_errno(napi_env env, int err, const char *what)
 static void volume_free(struct volume *v)
 {
 	nodes_destroy(&v->nodes);
+	foreign_destroy(v);
+	io_destroy(&v->io);
 	if (v->root.fd >= 0)
 		close(v->root.fd);
 	pthread_mutex_destroy(&v->life);
@@ -131,7 +133,8 @@ static int open_backing(struct volume *v, const char *backing)
 	return 0;
 }
 
-static int start_session(struct volume *v, const char *fsname)
+/* Mounts a new connection, or takes over a kept one (fd) and replays its INIT. */
+static int start_session(struct volume *v, const char *fsname, int fd, const unsigned char *init, size_t init_len)
 {
 	char *opts = mount_options(fsname);
 	if (opts == NULL)
@@ -143,12 +146,19 @@ static int start_session(struct volume *v, const char *fsname)
 	free(opts);
 	if (v->se == NULL)
 		return EINVAL;
-	clear_dead_mount(v->mountpoint);
-	if (fuse_session_mount(v->se, v->mountpoint) != 0) {
-		fuse_session_destroy(v->se);
-		return EIO;
+	if (fd == -1) {
+		clear_dead_mount(v->mountpoint);
+		if (fuse_session_mount(v->se, v->mountpoint) != 0) {
+			fuse_session_destroy(v->se);
+			return EIO;
+		}
+		fd = fuse_session_fd(v->se);
 	}
-	int err = start_thread(&v->loop, serve, v);
+	int err = -fuse_session_custom_io(v->se, &gitcsi_io, fd);
+	if (err == 0 && init != NULL)
+		io_replay_init(v, init, init_len);
+	if (err == 0)
+		err = start_thread(&v->loop, serve, v);
 	if (err != 0) {
 		fuse_session_unmount(v->se);
 		fuse_session_destroy(v->se);
@@ -187,7 +197,14 @@ static struct volume *volume_new(napi_env env, napi_value mountpoint, napi_value
 	atomic_init(&v->serve_until_ms, ms_arg(env, serve_until));
 	atomic_init(&v->refs, 1);
 	pthread_mutex_init(&v->life, NULL);
+	pthread_mutex_init(&v->foreign_lock, NULL);
 	if (v->mountpoint == NULL || nodes_init(&v->nodes) != 0) {
+		free(v->mountpoint);
+		free(v);
+		return NULL;
+	}
+	if (io_init(&v->io) != 0) {
+		nodes_destroy(&v->nodes);
 		free(v->mountpoint);
 		free(v);
 		return NULL;
@@ -214,15 +231,40 @@ static void release_js_ref(napi_env env, void *data, void *hint)
 	volume_put(data);
 }
 
-/* mount(mountpoint, backing, fsname, serveUntilMs, onFenced(refused)) -> handle */
-static napi_value js_mount(napi_env env, napi_callback_info info)
+/* A kept connection to take over: its descriptor and the INIT the kernel sent it. */
+struct kept {
+	int fd;
+	unsigned char init[INIT_MAX];
+	size_t init_len;
+};
+
+static int kept_arg(napi_env env, napi_value fd, napi_value init, struct kept *k)
 {
-	size_t argc = 5;
-	napi_value argv[5], handle;
+	void *data;
+	if (napi_get_value_int32(env, fd, &k->fd) != napi_ok || k->fd < 0 ||
+	    napi_get_buffer_info(env, init, &data, &k->init_len) != napi_ok || k->init_len == 0 ||
+	    k->init_len > INIT_MAX)
+		return EINVAL;
+	memcpy(k->init, data, k->init_len);
+	return 0;
+}
+
+/*
+ * mount(mountpoint, backing, fsname, serveUntilMs, onFenced(refused)) -> handle
+ * resume(mountpoint, backing, fsname, serveUntilMs, onFenced, fd, init) -> handle
+ */
+static napi_value start(napi_env env, napi_callback_info info, bool resume)
+{
+	size_t argc = 7;
+	napi_value argv[7], handle;
+	struct kept k = { .fd = -1 };
 	NAPI_OK(env, napi_get_cb_info(env, info, &argc, argv, NULL, NULL));
+	if (resume && kept_arg(env, argv[5], argv[6], &k) != 0)
+		return throw_errno(env, EINVAL, "resume: fd and init must name a kept connection");
 	struct volume *v = volume_new(env, argv[0], argv[3]);
 	if (v == NULL)
 		return throw_errno(env, ENOMEM, "mount");
+	v->resumed = resume;
 	char *backing = string_arg(env, argv[1]);
 	char *fsname = string_arg(env, argv[2]);
 	int err = backing == NULL || fsname == NULL ? EINVAL : open_backing(v, backing);
@@ -230,7 +272,7 @@ static napi_value js_mount(napi_env env, napi_callback_info info)
 		err = EINVAL;
 	if (err == 0) {
 		atomic_fetch_add(&v->refs, 1); /* the loop's, dropped with the callback */
-		err = start_session(v, fsname);
+		err = start_session(v, fsname, k.fd, resume ? k.init : NULL, k.init_len);
 		if (err != 0)
 			napi_release_threadsafe_function(v->on_fenced, napi_tsfn_release);
 	}
@@ -238,13 +280,23 @@ static napi_value js_mount(napi_env env, napi_callback_info info)
 	free(fsname);
 	if (err != 0) {
 		volume_put(v);
-		return throw_errno(env, err, "mount");
+		return throw_errno(env, err, resume ? "resume" : "mount");
 	}
 	NAPI_OK(env, napi_create_external(env, v, release_js_ref, NULL, &handle));
 	return handle;
 }
 
-static struct volume *volume_arg(napi_env env, napi_callback_info info, napi_value *rest)
+static napi_value js_mount(napi_env env, napi_callback_info info)
+{
+	return start(env, info, false);
+}
+
+static napi_value js_resume(napi_env env, napi_callback_info info)
+{
+	return start(env, info, true);
+}
+
+struct volume *volume_arg(napi_env env, napi_callback_info info, napi_value *rest)
 {
 	size_t argc = 2;
 	napi_value argv[2];
@@ -302,9 +354,10 @@ static napi_value init(napi_env env, napi_value exports)
 		{ "unmount", NULL, js_unmount, NULL, NULL, NULL, napi_default, NULL },
 		{ "serveUntil", NULL, js_serve_until, NULL, NULL, NULL, napi_default, NULL },
 		{ "fence", NULL, js_fence, NULL, NULL, NULL, napi_default, NULL },
+		{ "resume", NULL, js_resume, NULL, NULL, NULL, napi_default, NULL },
 	};
 	napi_define_properties(env, exports, sizeof(props) / sizeof(props[0]), props);
-	return exports;
+	return handover_exports(env, exports);
 }
 
 NAPI_MODULE(NODE_GYP_MODULE_NAME, init)

@@ -148,6 +148,18 @@ int node_remember(struct volume *v, int fd, const struct stat *st, fuse_ino_t pa
 	return err;
 }
 
+int node_adopt(struct volume *v, int fd, fuse_ino_t id, fuse_ino_t parent, const char *name)
+{
+	pthread_mutex_lock(&v->nodes.lock);
+	struct node **at = slot(&v->nodes, id);
+	bool known = *at != NULL;
+	int err = known ? 0 : insert(v, at, fd, id, parent, name);
+	pthread_mutex_unlock(&v->nodes.lock);
+	if (known || err != 0)
+		close(fd);
+	return err;
+}
+
 void node_forget(struct volume *v, fuse_ino_t id, uint64_t nlookup)
 {
 	if (id == FUSE_ROOT_ID)

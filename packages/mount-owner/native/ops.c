@@ -34,15 +34,15 @@ static struct volume *volume_of(fuse_req_t req)
 static struct node *node_or_stale(fuse_req_t req, fuse_ino_t ino)
 {
 	struct node *n = node_get(volume_of(req), ino);
+	if (n == NULL && volume_of(req)->resumed)
+		n = node_recover(volume_of(req), ino);
 	if (n == NULL)
 		fuse_reply_err(req, ESTALE);
 	return n;
 }
 
-#define PROC_PATH_SIZE 32
-
 /* The inode behind an O_PATH descriptor, by path: chmod, truncate and open have no form for one. */
-static const char *proc_path(char buf[PROC_PATH_SIZE], int fd)
+const char *proc_path(char buf[PROC_PATH_SIZE], int fd)
 {
 	snprintf(buf, PROC_PATH_SIZE, "/proc/self/fd/%d", fd);
 	return buf;
@@ -204,15 +204,14 @@ static struct timespec time_to_set(int to_set, int set, int now, struct timespec
 }
 
 /* Symlinks have no /proc path to write through: their times go by AT_EMPTY_PATH. */
-static int set_times(const struct node *n, const struct stat *attr, int to_set,
-		     struct fuse_file_info *fi)
+static int set_times(const struct node *n, const struct stat *attr, int to_set, int fd)
 {
 	struct timespec times[2] = {
 		time_to_set(to_set, FUSE_SET_ATTR_ATIME, FUSE_SET_ATTR_ATIME_NOW, attr->st_atim),
 		time_to_set(to_set, FUSE_SET_ATTR_MTIME, FUSE_SET_ATTR_MTIME_NOW, attr->st_mtim),
 	};
-	if (fi != NULL)
-		return futimens(fi->fh, times);
+	if (fd != -1)
+		return futimens(fd, times);
 	struct stat st;
 	if (stat_fd(n->fd, &st) == -1)
 		return -1;
@@ -222,21 +221,20 @@ static int set_times(const struct node *n, const struct stat *attr, int to_set,
 	return utimensat(AT_FDCWD, proc_path(path, n->fd), times, 0);
 }
 
-static int set_mode(const struct node *n, mode_t mode, struct fuse_file_info *fi)
+static int set_mode(const struct node *n, mode_t mode, int fd)
 {
 	char path[PROC_PATH_SIZE];
-	return fi != NULL ? fchmod(fi->fh, mode) : chmod(proc_path(path, n->fd), mode);
+	return fd != -1 ? fchmod(fd, mode) : chmod(proc_path(path, n->fd), mode);
 }
 
-static int set_size(const struct node *n, off_t size, struct fuse_file_info *fi)
+static int set_size(const struct node *n, off_t size, int fd)
 {
 	char path[PROC_PATH_SIZE];
-	return fi != NULL ? ftruncate(fi->fh, size) : truncate(proc_path(path, n->fd), size);
+	return fd != -1 ? ftruncate(fd, size) : truncate(proc_path(path, n->fd), size);
 }
 
 /* chown before chmod: a chown clears setuid and setgid, a mode set with it keeps them. */
-static int apply_attr(const struct node *n, const struct stat *attr, int to_set,
-		      struct fuse_file_info *fi)
+static int apply_attr(const struct node *n, const struct stat *attr, int to_set, int fd)
 {
 	if (to_set & (FUSE_SET_ATTR_UID | FUSE_SET_ATTR_GID)) {
 		uid_t uid = (to_set & FUSE_SET_ATTR_UID) ? attr->st_uid : (uid_t)-1;
@@ -244,11 +242,11 @@ static int apply_attr(const struct node *n, const struct stat *attr, int to_set,
 		if (fchownat(n->fd, "", uid, gid, AT_EMPTY_PATH | AT_SYMLINK_NOFOLLOW) == -1)
 			return -1;
 	}
-	if ((to_set & FUSE_SET_ATTR_MODE) && set_mode(n, attr->st_mode, fi) == -1)
+	if ((to_set & FUSE_SET_ATTR_MODE) && set_mode(n, attr->st_mode, fd) == -1)
 		return -1;
-	if ((to_set & FUSE_SET_ATTR_SIZE) && set_size(n, attr->st_size, fi) == -1)
+	if ((to_set & FUSE_SET_ATTR_SIZE) && set_size(n, attr->st_size, fd) == -1)
 		return -1;
-	if ((to_set & (FUSE_SET_ATTR_ATIME | FUSE_SET_ATTR_MTIME)) && set_times(n, attr, to_set, fi) == -1)
+	if ((to_set & (FUSE_SET_ATTR_ATIME | FUSE_SET_ATTR_MTIME)) && set_times(n, attr, to_set, fd) == -1)
 		return -1;
 	return 0;
 }
@@ -262,7 +260,8 @@ static void op_setattr(fuse_req_t req, fuse_ino_t ino, struct stat *attr, int to
 	struct stat st;
 	if (n == NULL)
 		return;
-	if (apply_attr(n, attr, to_set, fi) == -1 || stat_fd(n->fd, &st) == -1)
+	int fd = fi != NULL ? file_fd(req, ino, fi) : -1;
+	if ((fi != NULL && fd == -1) || apply_attr(n, attr, to_set, fd) == -1 || stat_fd(n->fd, &st) == -1)
 		fuse_reply_err(req, errno);
 	else
 		fuse_reply_attr(req, &st, CACHE_SECONDS);
@@ -387,13 +386,6 @@ static void op_rename(fuse_req_t req, fuse_ino_t parent, const char *name, fuse_
 	reply_result(req, renameat2(p->fd, name, q->fd, newname, flags));
 }
 
-/* Reopens a node through /proc with the caller's flags; O_NOFOLLOW would refuse the magic link. */
-static int reopen(const struct node *n, int flags)
-{
-	char path[PROC_PATH_SIZE];
-	return open(proc_path(path, n->fd), flags & ~(O_NOFOLLOW | O_CREAT | O_EXCL));
-}
-
 static void op_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 {
 	if (refused(req))
@@ -406,7 +398,7 @@ static void op_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 		fuse_reply_err(req, errno);
 		return;
 	}
-	fi->fh = fd;
+	fi->fh = file_handle(fd, fi->flags);
 	if (fuse_reply_open(req, fi) == -ENOENT)
 		close(fd); /* the caller was interrupted: no release follows */
 }
@@ -432,19 +424,30 @@ static void op_create(fuse_req_t req, fuse_ino_t parent, const char *name, mode_
 		fuse_reply_err(req, err);
 		return;
 	}
-	fi->fh = fd;
+	fi->fh = file_handle(fd, fi->flags);
 	if (fuse_reply_create(req, &e, fi) == -ENOENT)
 		close(fd);
 }
 
+/* The open file's descriptor, or the request answered with why there is none. */
+static int fd_or_reply(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
+{
+	int fd = file_fd(req, ino, fi);
+	if (fd == -1)
+		fuse_reply_err(req, errno);
+	return fd;
+}
+
 static void op_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, struct fuse_file_info *fi)
 {
-	(void)ino;
 	if (refused(req))
+		return;
+	int fd = fd_or_reply(req, ino, fi);
+	if (fd == -1)
 		return;
 	struct fuse_bufvec buf = FUSE_BUFVEC_INIT(size);
 	buf.buf[0].flags = FUSE_BUF_IS_FD | FUSE_BUF_FD_SEEK;
-	buf.buf[0].fd = fi->fh;
+	buf.buf[0].fd = fd;
 	buf.buf[0].pos = off;
 	fuse_reply_data(req, &buf, FUSE_BUF_SPLICE_MOVE);
 }
@@ -452,12 +455,14 @@ static void op_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, stru
 static void op_write_buf(fuse_req_t req, fuse_ino_t ino, struct fuse_bufvec *in, off_t off,
 			 struct fuse_file_info *fi)
 {
-	(void)ino;
 	if (refused(req))
+		return;
+	int fd = fd_or_reply(req, ino, fi);
+	if (fd == -1)
 		return;
 	struct fuse_bufvec out = FUSE_BUFVEC_INIT(fuse_buf_size(in));
 	out.buf[0].flags = FUSE_BUF_IS_FD | FUSE_BUF_FD_SEEK;
-	out.buf[0].fd = fi->fh;
+	out.buf[0].fd = fd;
 	out.buf[0].pos = off;
 	ssize_t written = fuse_buf_copy(&out, in, 0);
 	if (written < 0)
@@ -470,52 +475,27 @@ static void op_write_buf(fuse_req_t req, fuse_ino_t ino, struct fuse_bufvec *in,
 static void op_release(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 {
 	(void)ino;
-	close(fi->fh);
+	release_file(volume_of(req), fi);
 	fuse_reply_err(req, 0);
 }
 
 static void op_fsync(fuse_req_t req, fuse_ino_t ino, int datasync, struct fuse_file_info *fi)
 {
-	(void)ino;
-	if (!refused(req))
-		reply_result(req, datasync ? fdatasync(fi->fh) : fsync(fi->fh));
+	if (refused(req))
+		return;
+	int fd = fd_or_reply(req, ino, fi);
+	if (fd != -1)
+		reply_result(req, datasync ? fdatasync(fd) : fsync(fd));
 }
 
 static void op_fallocate(fuse_req_t req, fuse_ino_t ino, int mode, off_t offset, off_t length,
 			 struct fuse_file_info *fi)
 {
-	(void)ino;
-	if (!refused(req))
-		reply_result(req, fallocate(fi->fh, mode, offset, length));
-}
-
-/* An open directory: the stream, and the entry that did not fit the last reply. */
-struct dir_handle {
-	DIR *dp;
-	off_t offset;
-	struct dirent *pending;
-};
-
-static struct dir_handle *dir_of(struct fuse_file_info *fi)
-{
-	return (struct dir_handle *)(uintptr_t)fi->fh;
-}
-
-static int open_dir(const struct node *n, struct dir_handle **out)
-{
-	struct dir_handle *d = calloc(1, sizeof(*d));
-	if (d == NULL)
-		return ENOMEM;
-	int fd = openat(n->fd, ".", O_RDONLY | O_DIRECTORY);
-	if (fd == -1 || (d->dp = fdopendir(fd)) == NULL) {
-		int err = errno;
-		if (fd != -1)
-			close(fd);
-		free(d);
-		return err;
-	}
-	*out = d;
-	return 0;
+	if (refused(req))
+		return;
+	int fd = fd_or_reply(req, ino, fi);
+	if (fd != -1)
+		reply_result(req, fallocate(fd, mode, offset, length));
 }
 
 static void op_opendir(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
@@ -526,16 +506,14 @@ static void op_opendir(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi
 	struct dir_handle *d = NULL;
 	if (n == NULL)
 		return;
-	int err = open_dir(n, &d);
+	int err = open_dir(n->fd, &d);
 	if (err != 0) {
 		fuse_reply_err(req, err);
 		return;
 	}
-	fi->fh = (uintptr_t)d;
-	if (fuse_reply_open(req, fi) == -ENOENT) {
-		closedir(d->dp);
-		free(d);
-	}
+	fi->fh = dir_handle(d);
+	if (fuse_reply_open(req, fi) == -ENOENT)
+		close_dir(d);
 }
 
 /* Fills buf with entries from the stream; returns the bytes used. */
@@ -558,10 +536,13 @@ static size_t fill_entries(fuse_req_t req, struct dir_handle *d, char *buf, size
 
 static void op_readdir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, struct fuse_file_info *fi)
 {
-	(void)ino;
 	if (refused(req))
 		return;
-	struct dir_handle *d = dir_of(fi);
+	struct dir_handle *d = dir_of(req, ino, fi);
+	if (d == NULL) {
+		fuse_reply_err(req, errno);
+		return;
+	}
 	char *buf = malloc(size);
 	if (buf == NULL) {
 		fuse_reply_err(req, ENOMEM);
@@ -584,18 +565,19 @@ static void op_readdir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, s
 static void op_releasedir(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 {
 	(void)ino;
-	struct dir_handle *d = dir_of(fi);
-	closedir(d->dp);
-	free(d);
+	release_dir(volume_of(req), fi);
 	fuse_reply_err(req, 0);
 }
 
 static void op_fsyncdir(fuse_req_t req, fuse_ino_t ino, int datasync, struct fuse_file_info *fi)
 {
-	(void)ino;
-	int fd = dirfd(dir_of(fi)->dp);
-	if (!refused(req))
-		reply_result(req, datasync ? fdatasync(fd) : fsync(fd));
+	if (refused(req))
+		return;
+	struct dir_handle *d = dir_of(req, ino, fi);
+	if (d == NULL)
+		fuse_reply_err(req, errno);
+	else
+		reply_result(req, datasync ? fdatasync(dirfd(d->dp)) : fsync(dirfd(d->dp)));
 }
 
 static void op_statfs(fuse_req_t req, fuse_ino_t ino)

@@ -12,6 +12,7 @@
 #define FUSE_USE_VERSION 312
 #include <fuse_lowlevel.h>
 #include <node_api.h>
+#include <dirent.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdbool.h>
@@ -36,6 +37,28 @@ struct node_table {
 	size_t count;
 };
 
+/* The kernel's INIT request of a connection, kept to replay to a resumed session. */
+#define INIT_MAX 256
+
+/* How the session reads /dev/fuse: readers park for a graceful handover (io.c). */
+struct io_state {
+	int stop_fd; /* eventfd: wakes the readers that wait for a request */
+	pthread_mutex_t lock;
+	pthread_cond_t changed;
+	bool stopping;
+	int active; /* readers in a read, or serving what they read */
+	unsigned char init[INIT_MAX];
+	size_t init_len;
+};
+
+/* Descriptors of files and directories opened by an earlier server of the connection (handles.c). */
+struct foreign_handle {
+	uint64_t fh;
+	int fd;
+	struct dir_handle *dir;
+	struct foreign_handle *next;
+};
+
 struct volume {
 	struct fuse_session *se;
 	pthread_t loop;
@@ -44,6 +67,11 @@ struct volume {
 	ino_t root_ino;
 	dev_t dev;
 	struct node_table nodes;
+	/* Taken over from an earlier server: ids and handles it gave out are found again. */
+	bool resumed;
+	struct io_state io;
+	pthread_mutex_t foreign_lock;
+	struct foreign_handle *foreign;
 
 	/* Epoch fence: set once, never cleared. */
 	atomic_bool fenced;
@@ -69,6 +97,8 @@ struct node *node_get(struct volume *v, fuse_ino_t id);
 int node_remember(struct volume *v, int fd, const struct stat *st, fuse_ino_t parent,
 		  const char *name, fuse_ino_t *id);
 void node_forget(struct volume *v, fuse_ino_t id, uint64_t nlookup);
+/* A node an earlier server gave out: counted once, whatever the kernel's count (it forgets all at once). */
+int node_adopt(struct volume *v, int fd, fuse_ino_t id, fuse_ino_t parent, const char *name);
 struct entry_ref {
 	fuse_ino_t id;
 	fuse_ino_t parent;
@@ -77,7 +107,44 @@ struct entry_ref {
 /* A copy of every id (and its last entry) handed out, for invalidation. */
 size_t nodes_snapshot(struct volume *v, struct entry_ref **out);
 
+/* resume.c */
+/* The node for an id an earlier server gave out, found again in the backing tree; NULL if gone. */
+struct node *node_recover(struct volume *v, fuse_ino_t id);
+
+/* io.c */
+extern const struct fuse_custom_io gitcsi_io;
+int io_init(struct io_state *io);
+void io_destroy(struct io_state *io);
+/* Readers stop taking requests; returns once none is in flight. */
+void io_quiesce(struct io_state *io);
+/* Waits for the connection's INIT to have been read; 0 or ETIMEDOUT. */
+int io_wait_init(struct io_state *io, int timeout_ms);
+/* Tells a resumed session the INIT the kernel sent its connection. */
+void io_replay_init(struct volume *v, const unsigned char *init, size_t len);
+
+/* handles.c: fh values name the server incarnation that opened them */
+struct dir_handle {
+	DIR *dp;
+	off_t offset;
+	struct dirent *pending;
+};
+void handles_set_incarnation(uint16_t incarnation);
+uint64_t file_handle(int fd, int flags);
+uint64_t dir_handle(struct dir_handle *d);
+/* The backing descriptor of an open file; -1 with errno set. */
+int file_fd(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi);
+struct dir_handle *dir_of(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi);
+void release_file(struct volume *v, struct fuse_file_info *fi);
+void release_dir(struct volume *v, struct fuse_file_info *fi);
+void foreign_destroy(struct volume *v);
+int open_dir(int dir_fd, struct dir_handle **out);
+void close_dir(struct dir_handle *d);
+/* Reopens a node through /proc with the caller's flags. */
+int reopen(const struct node *n, int flags);
+
 /* ops.c */
+#define PROC_PATH_SIZE 32
+const char *proc_path(char buf[PROC_PATH_SIZE], int fd);
 extern const struct fuse_lowlevel_ops gitcsi_ops;
 
 /* fence.c */
@@ -88,6 +155,12 @@ void fence_settle(struct volume *v);
 void fence_join(struct volume *v);
 
 void volume_put(struct volume *v);
+napi_value throw_errno(napi_env env, int err, const char *what);
+/* The volume a JS handle names (argument 0); rest gets argument 1. */
+struct volume *volume_arg(napi_env env, napi_callback_info info, napi_value *rest);
+
+/* handover.c: the kept descriptors, over the keeper's socket */
+napi_value handover_exports(napi_env env, napi_value exports);
 int start_thread(pthread_t *thread, void *(*run)(void *), void *arg);
 
 #endif

@@ -2,7 +2,8 @@
 // low-level API whose worker threads serve every operation on the backing
 // tree by descriptor. JavaScript only mounts, unmounts, moves the lease's end
 // and fences; no JavaScript runs per operation, so this process may itself
-// use the mount without deadlocking.
+// use the mount without deadlocking. A mount's connection can be kept by the
+// descriptor keeper and resumed by the next mount owner (../handover.ts).
 import { join } from "node:path";
 
 type NativeHandle = { readonly __brand: "gitcsi_fuse volume" };
@@ -12,6 +13,18 @@ interface NativeAddon {
   unmount(handle: NativeHandle): void;
   serveUntil(handle: NativeHandle, ms: number): void;
   fence(handle: NativeHandle): void;
+  resume(mountpoint: string, backing: string, fsname: string, serveUntilMs: number, onFenced: (refused: number) => void, fd: number, init: Buffer): NativeHandle;
+  keep(handle: NativeHandle, socketPath: string, key: string): void;
+  take(socketPath: string): KeptConnection[];
+  quiesce(handle: NativeHandle): void;
+  setIncarnation(incarnation: number): void;
+}
+
+/** A FUSE connection the keeper holds: its /dev/fuse descriptor (now this process's too) and the kernel's INIT of it. */
+export interface KeptConnection {
+  key: string;
+  fd: number;
+  init: Buffer;
 }
 
 // Built by `make build` into the package's dist (see native/Makefile).
@@ -50,11 +63,34 @@ export interface FuseMount {
    * attributes and entries of the mount are dropped. For good.
    */
   fence(): void;
+  /** The keeper at socketPath holds the connection from now on too, under key. */
+  keep(socketPath: string, key: string): void;
+  /** No request is taken any more and every one taken is answered: the next mount owner serves the rest. */
+  quiesce(): void;
 }
 
 export function mountFuse(opts: FuseMountOptions): FuseMount {
   const epoch = opts.epoch ?? { serveUntilMs: Infinity, onFenced: () => undefined };
-  const handle = addon.mount(opts.mountpoint, opts.backing, opts.fsname, epoch.serveUntilMs, epoch.onFenced);
+  return wrap(addon.mount(opts.mountpoint, opts.backing, opts.fsname, epoch.serveUntilMs, epoch.onFenced), opts, epoch);
+}
+
+/** Serves a kept connection again: the kernel's mount and every open file on it carry on. */
+export function resumeFuse(opts: FuseMountOptions, kept: KeptConnection): FuseMount {
+  const epoch = opts.epoch ?? { serveUntilMs: Infinity, onFenced: () => undefined };
+  return wrap(addon.resume(opts.mountpoint, opts.backing, opts.fsname, epoch.serveUntilMs, epoch.onFenced, kept.fd, kept.init), opts, epoch);
+}
+
+/** The connections the keeper at socketPath holds. */
+export function takeKept(socketPath: string): KeptConnection[] {
+  return addon.take(socketPath);
+}
+
+/** File handles name the mount owner that opened them: this one is unlike every earlier one. */
+export function setIncarnation(incarnation: number): void {
+  addon.setIncarnation(incarnation);
+}
+
+function wrap(handle: NativeHandle, opts: FuseMountOptions, epoch: EpochFence): FuseMount {
   let mounted = true;
   let deadline: NodeJS.Timeout | undefined;
 
@@ -89,5 +125,7 @@ export function mountFuse(opts: FuseMountOptions): FuseMount {
       clearTimeout(deadline);
       if (mounted) addon.fence(handle);
     },
+    keep: (socketPath, key) => addon.keep(handle, socketPath, key),
+    quiesce: () => addon.quiesce(handle),
   };
 }
