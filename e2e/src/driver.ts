@@ -20,7 +20,7 @@ export interface Driver {
   controller: csi.ControllerClient;
   node: csi.NodeClient;
   /** The pid of one service, as the launcher last started it. */
-  pid(service: "csi-frontend" | "mount-owner" | "git-worker"): Promise<number>;
+  pid(service: "csi-frontend" | "mount-owner" | "git-worker" | "fd-keeper"): Promise<number>;
   /** Everything the services logged, one JSON object per line. */
   logs(): string;
   /** The mount owner's own socket: what the Kubernetes watch drives, such as a claim's class. */

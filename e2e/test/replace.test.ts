@@ -93,12 +93,14 @@ describe("the split-service layout", () => {
     assert.deepEqual(await mountsUnder(driver.dir), []);
   });
 
-  test("after a mount-owner restart, unpublish and unstage clear the dead mounts, and a new stage serves", async () => {
+  test("after the mount owner and the descriptor keeper die together, unpublish and unstage clear the dead mounts, and a new stage serves", async () => {
     const volume = await createVolume(driver, "restart-owner", server.url("app.git"));
     const published = await stageAndPublish(driver, volume);
     await sh(`echo before > '${published.targetPath}/kept.txt'`);
     const epoch = (await ownerRecord(volume.volumeId)).epoch;
     const oldPid = await driver.pid("mount-owner");
+    // With no process left holding the connection's descriptor, the kernel ends it.
+    process.kill(await driver.pid("fd-keeper"), "SIGKILL");
     process.kill(oldPid, "SIGKILL");
     await waitFor("a new mount owner", async () => (await driver.pid("mount-owner")) !== oldPid);
     await waitFor("Probe ready", async () => (await call(driver.identity.probe.bind(driver.identity), {}, 1000)).ready);

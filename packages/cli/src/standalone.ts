@@ -21,8 +21,15 @@ export interface StandaloneOptions {
 
 interface Child {
   name: string;
+  /** Node runs args[0] unless a program of its own is named. */
+  program?: string;
   args: string[];
   process?: ChildProcess;
+}
+
+/** The mount owner's FUSE descriptor keeper, a native program built beside its addon. */
+function keeperProgram(): string {
+  return path.join(path.dirname(require.resolve("@git-csi/mount-owner/package.json")), "dist", "native", "gitcsi-fd-keeper");
 }
 
 /** The executable a workspace package publishes as its bin. */
@@ -52,7 +59,10 @@ export class Standalone {
     const sockets = path.join(options.stateDir, "sockets");
     const worker = `unix://${path.join(sockets, "git-worker.sock")}`;
     const owner = `unix://${path.join(sockets, "mount-owner.sock")}`;
+    const keeper = path.join(sockets, "fd-keeper.sock");
     this.children = [
+      // First: the mount owner hands it each mount's connection, and takes them back when it restarts.
+      { name: "fd-keeper", program: keeperProgram(), args: [keeper] },
       {
         name: "git-worker",
         args: [binOf("git-worker"), "--state-dir", options.stateDir, "--listen", worker, "--metrics-address", options.metricsAddress, "--node-id", options.nodeId, "--kubeconfig", options.kubeconfig],
@@ -75,6 +85,8 @@ export class Standalone {
           options.leaseDuration,
           "--lease-renew-interval",
           options.leaseRenewInterval,
+          "--fd-keeper",
+          keeper,
           "--kubeconfig",
           options.kubeconfig,
         ],
@@ -92,12 +104,13 @@ export class Standalone {
 
   async start(): Promise<void> {
     await fs.mkdir(path.join(this.options.stateDir, "run"), { recursive: true });
+    await fs.mkdir(path.join(this.options.stateDir, "sockets"), { recursive: true, mode: 0o700 });
     for (const child of this.children) await this.spawn(child);
     await this.waitReady();
   }
 
   private async spawn(child: Child): Promise<void> {
-    const proc = spawn(process.execPath, child.args, { stdio: ["ignore", "inherit", "inherit"] });
+    const proc = spawn(child.program ?? process.execPath, child.args, { stdio: ["ignore", "inherit", "inherit"] });
     child.process = proc;
     await fs.writeFile(this.pidFile(child.name), `${proc.pid}\n`);
     this.logger.info("service started", { operation: "startup", child: child.name, pid: proc.pid });

@@ -5,6 +5,7 @@ import { createLogger, logLifecycle } from "@git-csi/logging";
 import { OperationMetrics, serveMetrics } from "@git-csi/metrics";
 import { dialUnix, gitWorker, mountOwner, serveUnix, stopServer } from "@git-csi/protos";
 import { mountFuse } from "./fuse/binding";
+import { Handover } from "./handover";
 import { fuseSource } from "./mounts";
 import { createMountOwner } from "./service";
 import { State } from "./state";
@@ -23,6 +24,11 @@ async function main(): Promise<void> {
       { name: "node-id", help: "this node's name", default: process.env.NODE_NAME ?? "" },
       { name: "lease-duration", help: "how long a mount epoch's claim or renewal lasts (spec 000: 90s)", default: "90s" },
       { name: "lease-renew-interval", help: "how often the mount owner renews each staged volume's lease (spec 000: 20s)", default: "20s" },
+      {
+        name: "fd-keeper",
+        help: "unix socket path of the FUSE descriptor keeper (gitcsi-fd-keeper), which keeps every mount's connection across a restart of this process; empty: the mounts end with it",
+        default: "",
+      },
       { name: "metrics-address", help: "host:port serving git_csi_operations_total at /metrics; empty for none", default: "" },
       {
         name: "kubeconfig",
@@ -38,6 +44,7 @@ async function main(): Promise<void> {
   const logger = createLogger("mount-owner");
   const worker = dialUnix(gitWorker.GitWorkerClient, flags["git-worker"]!);
   const metrics = new OperationMetrics();
+  const handover = flags["fd-keeper"] ? await Handover.start({ keeperSocket: flags["fd-keeper"], stateDir: flags["state-dir"]!, logger, metrics, leaseMs: durationMs }) : undefined;
   const owner = createMountOwner({
     state: new State(flags["state-dir"]!),
     nodeId: flags["node-id"]!,
@@ -46,8 +53,12 @@ async function main(): Promise<void> {
     logger,
     metrics,
     lease: { durationMs, renewMs },
-    mountTree: async (volumeId, treePath, stagingPath, epoch) => mountFuse({ mountpoint: stagingPath, backing: treePath, fsname: fuseSource(volumeId), epoch }),
+    mountTree: async (volumeId, treePath, stagingPath, epoch) =>
+      handover ? handover.mount(volumeId, treePath, stagingPath, epoch) : mountFuse({ mountpoint: stagingPath, backing: treePath, fsname: fuseSource(volumeId), epoch }),
   });
+  // Before the socket serves: a stage or unstage of a resuming volume waits for its resume.
+  handover?.resumeAll(owner);
+  const keepTelling = handover?.keepTelling();
   const metricsServer = flags["metrics-address"] ? await serveMetrics(flags["metrics-address"], metrics) : undefined;
   // No CSI call carries a claim's VolumeAttributesClass to a node: the node learns it from the API.
   const kubeConfig = await kubeConfigIfAny(flags.kubeconfig!);
@@ -69,13 +80,15 @@ async function main(): Promise<void> {
     .catch((err: Error) => logger.error(`the Kubernetes watch did not start: ${err.message}`, { operation: "watch_volumes" }));
   const server = await serveUnix(flags.listen!, [{ definition: mountOwner.MountOwnerService, implementation: owner.service }]);
   const workerWatch = owner.watchWorker(WORKER_WATCH_MS);
-  // Mounts stay when this process stops: the normal unpublish and unstage path recovers them.
+  // Mounts stay when this process stops: the keeper holds their connections for the next mount owner.
   logLifecycle(logger, async () => {
     clearInterval(workerWatch);
+    clearInterval(keepTelling);
     await classWatch?.stop();
     metricsServer?.close();
     await stopServer(server);
     worker.close();
+    handover?.handOff();
   });
   logger.info("started", { operation: "startup", listen: flags.listen, stateDir: flags["state-dir"], node: flags["node-id"] });
 }

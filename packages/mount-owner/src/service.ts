@@ -2,14 +2,17 @@ import { randomUUID } from "node:crypto";
 import { KeyedSerial } from "@git-csi/config";
 import { type mountOwner, required, unary } from "@git-csi/protos";
 import { applyWatched, removeVolumesDeletedWhileDown } from "./class-watch";
-import type { MountOwnerDeps, Owner, WatchedVolume } from "./context";
+import type { MountOwnerDeps, Owner, StagedMount, WatchedVolume } from "./context";
 import { createVolume, deleteVolume, modifyVolume, setVolumeClass } from "./controller";
+import type { EpochFence } from "./fuse/binding";
 import { publish, unpublish } from "./publish";
+import { resume, type StagedPaths } from "./resume";
 import { MountSessions } from "./sessions";
 import { stage, unstage } from "./stage";
 import { WorkerLink } from "./worker-link";
 
 export type { MountOwnerDeps, StagedMount, WatchedVolume } from "./context";
+export type { StagedPaths } from "./resume";
 
 export interface MountOwner {
   service: mountOwner.MountOwnerServer;
@@ -22,6 +25,11 @@ export interface MountOwner {
   removeVolumesDeletedWhileDown(existing: Set<string>): Promise<void>;
   /** Hands every staged volume to a git worker that restarted and knows none of them. */
   watchWorker(intervalMs: number): NodeJS.Timeout;
+  /**
+   * Serves a kept FUSE connection of a staged volume after a restart, once its
+   * epoch is checked; true when it holds the volume, false when it serves only EIO.
+   */
+  resume(volumeId: string, serve: (paths: StagedPaths, fence: EpochFence) => Promise<StagedMount>, lost?: string): Promise<boolean>;
 }
 
 /**
@@ -39,6 +47,7 @@ export function createMountOwner(deps: MountOwnerDeps): MountOwner {
     watchWorker: (intervalMs) => owner.link.watch(intervalMs, owner.perVolume),
     applyWatched: (volumeId, watched) => applyWatched(owner, volumeId, watched),
     removeVolumesDeletedWhileDown: (existing) => removeVolumesDeletedWhileDown(owner, existing),
+    resume: (volumeId, serve, lost) => resume(owner, volumeId, serve, lost),
   };
 }
 

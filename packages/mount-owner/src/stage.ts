@@ -1,6 +1,7 @@
 import * as fs from "node:fs/promises";
 import { failedPrecondition, type gitcsi, gitWorker, type mountOwner, required } from "@git-csi/protos";
-import type { Owner } from "./context";
+import type { Owner, StagedMount } from "./context";
+import type { EpochFence } from "./fuse/binding";
 import { fuseSource, readMountTable, unmountAll } from "./mounts";
 import { newSession, readSession, removeSession, type SessionRecord, writeSession } from "./session";
 import { epochLost, type LiveSession } from "./sessions";
@@ -98,24 +99,25 @@ async function serve(owner: Owner, volumeId: string, stagingPath: string, tree: 
   // A mount a dead mount owner left behind answers ENOTCONN; it goes before the new session.
   await unmountAll(stagingPath);
   await fs.mkdir(stagingPath, { recursive: true });
+  const begun = { stagingPath, workerInstance: tree.workerInstance, epoch, serveUntil: tree.lease!.serveUntilUnixMs };
+  await startSession(owner, volumeId, begun, (fence) => owner.deps.mountTree(volumeId, tree.treePath, stagingPath, fence));
+}
+
+/** A live session for the epoch, its mount served by `mount` and its lease renewed from now on. */
+export async function startSession(owner: Owner, volumeId: string, begun: Omit<LiveSession, "mount" | "renewal">, mount: (fence: EpochFence) => Promise<StagedMount>): Promise<LiveSession> {
   const started: LiveSession = {
-    stagingPath,
+    ...begun,
     mount: { unmount: async () => undefined, serveUntil: () => undefined, fence: () => undefined },
-    workerInstance: tree.workerInstance,
-    epoch,
-    serveUntil: tree.lease!.serveUntilUnixMs,
-    renewal: owner.link.startRenewal(volumeId, epoch),
+    renewal: owner.link.startRenewal(volumeId, begun.epoch),
   };
   owner.sessions.add(volumeId, started);
   try {
-    started.mount = await owner.deps.mountTree(volumeId, tree.treePath, stagingPath, {
-      serveUntilMs: started.serveUntil,
-      onFenced: (refused) => owner.sessions.fenced(volumeId, started, refused),
-    });
+    started.mount = await mount({ serveUntilMs: started.serveUntil, onFenced: (refused) => owner.sessions.fenced(volumeId, started, refused) });
   } catch (err) {
     owner.sessions.end(volumeId);
     throw err;
   }
+  return started;
 }
 
 /** Any mount of the volume the kernel knows, the staging mount and its binds into pods alike. */

@@ -74,6 +74,14 @@ export class WorkerLink {
     }
   }
 
+  /** renew_mount now; a git worker that restarted too and does not know the volume is handed it with the same epoch. */
+  async renewNow(record: VolumeRecord, epoch: string): Promise<gitWorker.MountLease | undefined> {
+    return call(this.worker.renewMount.bind(this.worker), { volumeId: record.volumeId, epoch }, this.deps.lease.renewMs).catch(async (err: CsiError) => {
+      if (err.code !== status.NOT_FOUND) throw err;
+      return (await this.claim(record, epoch, undefined, true)).lease;
+    });
+  }
+
   /** release_mount with spec 000's budget; local cleanup never waits on a worker or remote that is gone. */
   async release(volumeId: string, epoch: string): Promise<void> {
     const answer = await call(this.worker.releaseMount.bind(this.worker), { volumeId, epoch }, RELEASE_BUDGET_MS).catch((err: Error) => ({ released: false, message: err.message }));

@@ -1,0 +1,183 @@
+// A mount owner that restarts keeps every FUSE connection: the descriptor
+// keeper holds each /dev/fuse descriptor, the restarted mount owner takes them
+// back and serves on. An application fsyncs a line every 4 ms through the
+// mount while the mount owner is killed (SIGKILL) or stopped (SIGTERM) again
+// and again, restarted each time by the launcher, as a kubelet would.
+import assert from "node:assert/strict";
+import { spawn } from "node:child_process";
+import * as path from "node:path";
+import { after, before, describe, test } from "node:test";
+import { call } from "@git-csi/protos";
+import { createVolume, type Driver, mountsUnder, type PublishedVolume, setVolumeClass, sh, stageAndPublish, startDriver, unpublishAndUnstage, waitFor } from "../src/driver";
+import { type GitServer, startGitDaemon } from "../src/git-server";
+
+/**
+ * The application, a process of its own: appends "line N" with one write and
+ * an fsync every 4 ms until SIGTERM, then prints the lines it saw written
+ * (acknowledged) and every error it met.
+ */
+const WRITER = `
+import json, os, signal, sys, time
+stop = False
+def on_term(*_):
+    global stop
+    stop = True
+signal.signal(signal.SIGTERM, on_term)
+fd = os.open(sys.argv[1], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+acked, errors, i = [], [], 0
+while not stop:
+    try:
+        os.write(fd, b"line %d\\n" % i)
+        os.fsync(fd)
+        acked.append(i)
+    except OSError as e:
+        errors.append("line %d: %s" % (i, e))
+    i += 1
+    time.sleep(0.004)
+print(json.dumps({"acked": acked, "errors": errors}))
+`;
+
+const RESTARTS = 20;
+const T = 120_000;
+
+interface Written {
+  acked: number[];
+  errors: string[];
+}
+
+function startWriter(file: string): { stop(): Promise<Written> } {
+  const writer = spawn("python3", ["-c", WRITER, file], { stdio: ["ignore", "pipe", "pipe"] });
+  let out = "";
+  let err = "";
+  writer.stdout.on("data", (c: Buffer) => (out += c.toString()));
+  writer.stderr.on("data", (c: Buffer) => (err += c.toString()));
+  const exited = new Promise<void>((resolve) => writer.once("exit", () => resolve()));
+  return {
+    stop: async () => {
+      writer.kill("SIGTERM");
+      await exited;
+      if (!out.trim()) throw new Error(`the writer printed nothing: ${err}`);
+      return JSON.parse(out) as Written;
+    },
+  };
+}
+
+describe("a mount owner restart keeps the mounts", () => {
+  let server: GitServer;
+  let driver: Driver;
+
+  before(async () => {
+    server = await startGitDaemon();
+    driver = await startDriver();
+  });
+
+  after(async () => {
+    await driver?.stop();
+    await server?.stop();
+  });
+
+  /** How many times a mount owner served a kept connection again, from the services' logs. */
+  function resumes(): number {
+    return driver
+      .logs()
+      .split("\n")
+      .filter((l) => l.includes("the FUSE connection serves again")).length;
+  }
+
+  /** Restarts the mount owner with signal, waiting each time until the new one serves the kept connection. */
+  async function restartOwner(signal: NodeJS.Signals, times: number): Promise<void> {
+    for (let i = 0; i < times; i++) {
+      const before = resumes();
+      const pid = await driver.pid("mount-owner");
+      process.kill(pid, signal);
+      await waitFor("a new mount owner", async () => (await driver.pid("mount-owner")) !== pid, T);
+      await waitFor("the new mount owner serving the kept connection", async () => resumes() > before, T);
+      // Some writes served by this one before the next restart.
+      await new Promise((r) => setTimeout(r, 200));
+    }
+  }
+
+  /** The volume armed, its writes pushed within a second of quiet. */
+  async function armedVolume(name: string): Promise<PublishedVolume> {
+    await server.createRepo(`${name}.git`);
+    const volume = await createVolume(driver, name, server.url(`${name}.git`));
+    const published = await stageAndPublish(driver, volume, undefined, name);
+    await setVolumeClass(driver, volume.volumeId, { "push.quiesce": "1s", "push.maxLatency": "1m" });
+    return published;
+  }
+
+  /** Every acknowledged line is on the remote's branch, in order. */
+  async function assertPushed(name: string, written: Written): Promise<void> {
+    const expected = written.acked.map((i) => `line ${i}`);
+    const remoteLines = await waitFor(
+      "every acknowledged line on the remote",
+      async () => {
+        const lines = (await server.git(`${name}.git`, "show", "main:log.txt").catch(() => "")).split("\n").filter(Boolean);
+        const present = new Set(lines);
+        return expected.every((l) => present.has(l)) && lines;
+      },
+      T,
+    );
+    // A write that failed at a kill may have reached the tree: lines beyond the acknowledged ones are the failed ones at most.
+    assert.ok(remoteLines.length - expected.length <= written.errors.length, `${remoteLines.length} lines on the remote, ${expected.length} acknowledged, ${written.errors.length} failed`);
+  }
+
+  test(`SIGKILL of the mount owner ${RESTARTS} times while an application fsyncs every 4 ms: at most one failed operation per kill, every acknowledged line pushed`, async () => {
+    const published = await armedVolume("killed");
+    const writer = startWriter(path.join(published.targetPath, "log.txt"));
+    await new Promise((r) => setTimeout(r, 500));
+    await restartOwner("SIGKILL", RESTARTS);
+    const written = await writer.stop();
+    console.log(`SIGKILL x${RESTARTS}: ${written.acked.length} lines acknowledged, ${written.errors.length} failed operations${written.errors.length ? `: ${written.errors.join("; ")}` : ""}`);
+    assert.ok(written.acked.length > RESTARTS * 10, "the application wrote throughout");
+    assert.ok(written.errors.length <= RESTARTS, `at most one failed operation per kill: ${written.errors.join("; ")}`);
+    await assertPushed("killed", written);
+    await unpublishAndUnstage(driver, published);
+  });
+
+  test(`SIGTERM of the mount owner ${RESTARTS} times (a graceful upgrade) while an application fsyncs every 4 ms: no operation fails`, async () => {
+    const published = await armedVolume("stopped");
+    const writer = startWriter(path.join(published.targetPath, "log.txt"));
+    await new Promise((r) => setTimeout(r, 500));
+    await restartOwner("SIGTERM", RESTARTS);
+    const written = await writer.stop();
+    console.log(`SIGTERM x${RESTARTS}: ${written.acked.length} lines acknowledged, ${written.errors.length} failed operations${written.errors.length ? `: ${written.errors.join("; ")}` : ""}`);
+    assert.ok(written.acked.length > RESTARTS * 10, "the application wrote throughout");
+    assert.deepEqual(written.errors, []);
+    await assertPushed("stopped", written);
+    await unpublishAndUnstage(driver, published);
+    assert.deepEqual(await mountsUnder(driver.dir), []);
+  });
+});
+
+describe("an epoch lost while the mount owner was away", () => {
+  let server: GitServer;
+  let driver: Driver;
+
+  before(async () => {
+    server = await startGitDaemon();
+    await server.createRepo("lapsed.git");
+    driver = await startDriver({ lease: { duration: "3s", renewInterval: "1s" } });
+  });
+
+  after(async () => {
+    await driver?.stop();
+    await server?.stop();
+  });
+
+  test("is never served again: the kept connection answers EIO, and unpublish and unstage clear it", async () => {
+    const volume = await createVolume(driver, "lapsed", server.url("lapsed.git"));
+    const published = await stageAndPublish(driver, volume);
+    await sh(`echo before > '${published.targetPath}/kept.txt'`);
+    // Stopped for longer than the lease, then killed: the restarted mount owner finds the epoch ran out unrenewed.
+    const pid = await driver.pid("mount-owner");
+    process.kill(pid, "SIGSTOP");
+    await new Promise((r) => setTimeout(r, 4500));
+    process.kill(pid, "SIGKILL");
+    await waitFor("the kept connection resumed with its epoch lost", async () => driver.logs().includes("its epoch no longer holds the volume: it serves only EIO"), T);
+    await assert.rejects(sh(`cat '${published.targetPath}/kept.txt'`), /Input\/output error/);
+    await waitFor("Probe ready", async () => (await call(driver.identity.probe.bind(driver.identity), {}, 1000)).ready);
+    await unpublishAndUnstage(driver, published);
+    assert.deepEqual(await mountsUnder(driver.dir), []);
+  });
+});
