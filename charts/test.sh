@@ -132,14 +132,20 @@ def check_render(path, service_monitor, sidecars):
     sas = find(docs, "ServiceAccount")
     expect(len({s["metadata"]["name"] for s in sas}) == 2, "two ServiceAccounts, node and controller")
 
-    ds = find(docs, "DaemonSet")
-    if expect(len(ds) == 1, "one node DaemonSet"):
-        ds = ds[0]
+    expect(len(find(docs, "DaemonSet")) == 2, "two DaemonSets: the node plugin and the mount-owner")
+    owners = find(docs, "DaemonSet", "-mount-owner")
+    ds = find(docs, "DaemonSet", "-node")
+    if expect(len(ds) == 1 and len(owners) == 1, "one node DaemonSet and one mount-owner DaemonSet"):
+        ds, owner_ds = ds[0], owners[0]
+        expect(ds["spec"]["updateStrategy"]["type"] == "RollingUpdate", "the node DaemonSet rolls its updates")
+        expect(owner_ds["spec"]["updateStrategy"] == {"type": "OnDelete"}, "the mount-owner DaemonSet restarts a pod only when it is deleted (OnDelete)")
         spec = ds["spec"]["template"]["spec"]
         c = containers(ds)
-        want = {"csi-frontend", "mount-owner", "git-worker"} | ({"node-driver-registrar", "livenessprobe"} if sidecars else set())
+        want = {"csi-frontend", "git-worker", "fd-keeper"} | ({"node-driver-registrar", "livenessprobe"} if sidecars else set())
         expect(set(c) == want, f"node containers: {sorted(c)}, not {sorted(want)}")
-        vols = {v["name"]: v for v in spec["volumes"]}
+        expect(set(containers(owner_ds)) == {"mount-owner"}, f"mount-owner DaemonSet containers: {sorted(containers(owner_ds))}")
+        c.update(containers(owner_ds))
+        vols = {v["name"]: v for v in spec["volumes"] + owner_ds["spec"]["template"]["spec"]["volumes"]}
         host = lambda name: (vols.get(name) or {}).get("hostPath", {}).get("path")
         if "csi-frontend" in c:
             f = c["csi-frontend"]
@@ -165,6 +171,12 @@ def check_render(path, service_monitor, sidecars):
             expect(any(v["mountPath"] == "/dev/fuse" and host(v["name"]) == "/dev/fuse" for v in m["volumeMounts"]), "mount-owner has /dev/fuse")
             expect(any(host(v["name"]) == "/var/lib/git-csi" for v in m["volumeMounts"]), "mount-owner has the state hostPath")
             expect(arg(m, "--git-worker") == "unix:///var/lib/git-csi/sockets/git-worker.sock", "mount-owner dials the git-worker's socket")
+            keeper = c.get("fd-keeper", {})
+            socket = (keeper.get("command") or [None, None])[1]
+            expect(socket is not None and arg(m, "--fd-keeper") == socket, f"mount-owner hands its FUSE descriptors to the fd-keeper's socket {socket}")
+            # The socket is the same host file for both: each container mounts a hostPath at its own path.
+            same_host = lambda container: any(socket and socket.startswith(v["mountPath"] + "/") and host(v["name"]) == v["mountPath"] for v in container.get("volumeMounts", []))
+            expect(same_host(m) and same_host(keeper), "the fd-keeper's socket is on a hostPath both containers mount at the host's path")
         if "git-worker" in c:
             g = c["git-worker"]
             ports = {p["name"]: p["containerPort"] for p in g.get("ports", [])}
@@ -210,6 +222,8 @@ def check_render(path, service_monitor, sidecars):
 
     svc = [s for s in find(docs, "Service") if s["metadata"]["name"].endswith("-node-metrics")]
     expect(len(svc) == 1, "a Service for the node metrics")
+    svc = [s for s in find(docs, "Service") if s["metadata"]["name"].endswith("-mount-owner-metrics")]
+    expect(len(svc) == 1 and svc[0]["spec"]["selector"].get("app.kubernetes.io/component") == "mount-owner", "a Service for the mount-owner metrics")
 
     cms = [c for c in find(docs, "ConfigMap") if (c["metadata"].get("labels") or {}).get("grafana_dashboard") == "1"]
     if expect(len(cms) == 1, "one ConfigMap labeled grafana_dashboard: \"1\""):
@@ -357,9 +371,34 @@ check "helm template (ServiceMonitor on) parses and has the ServiceMonitor" temp
   --set metrics.serviceMonitor.enabled=true --set-string metrics.serviceMonitor.labels.release=prometheus
 check "helm template (registrar and livenessprobe sidecars) parses and runs them" template_ok "$WORK/sidecars.yaml" sidecars \
   --set node.registration=node-driver-registrar --set node.health=livenessprobe
+# A helm upgrade of the csi-frontend and git-worker (images and every value of
+# theirs) must not restart the mount-owner: its DaemonSet renders byte for byte
+# as before, while the node DaemonSet does change.
+FRONTEND_AND_WORKER=(--set images.csiFrontend.tag=9.9.9 --set images.gitWorker.tag=9.9.9 --set images.csiFrontend.pullPolicy=Always
+  --set node.metricsPort=9870 --set node.healthPort=9809 --set node.registration=node-driver-registrar --set node.health=livenessprobe
+  --set node.updateStrategy.rollingUpdate.maxUnavailable=2 --set node.terminationGracePeriodSeconds=120 --set-string node.podLabels.rollout=b
+  --set node.resources.csiFrontend.limits.memory=1Gi --set node.resources.gitWorker.limits.memory=2Gi --set node.resources.fdKeeper.limits.memory=16Mi)
+render_only() { # render_only TEMPLATE OUT [helm flags...]
+  local template=$1 out=$2
+  shift 2
+  "$HELM" template git-csi "$CHART" --namespace git-csi --kube-version "$KUBE_VERSION" --show-only "templates/$template" "$@" >"$out"
+}
+unchanged_by_upgrade() {
+  render_only mount-owner-daemonset.yaml "$WORK/owner-before.yaml" &&
+    render_only mount-owner-daemonset.yaml "$WORK/owner-after.yaml" "${FRONTEND_AND_WORKER[@]}" &&
+    cmp "$WORK/owner-before.yaml" "$WORK/owner-after.yaml" &&
+    render_only node-daemonset.yaml "$WORK/node-before.yaml" &&
+    render_only node-daemonset.yaml "$WORK/node-after.yaml" "${FRONTEND_AND_WORKER[@]}" &&
+    ! cmp -s "$WORK/node-before.yaml" "$WORK/node-after.yaml" &&
+    render_only mount-owner-daemonset.yaml "$WORK/owner-new-image.yaml" --set images.mountOwner.tag=9.9.9 &&
+    ! cmp -s "$WORK/owner-before.yaml" "$WORK/owner-new-image.yaml" &&
+    echo "mount-owner DaemonSet: $(wc -c <"$WORK/owner-before.yaml") bytes, identical after the upgrade; the node DaemonSet changed"
+}
+check "an upgrade of csi-frontend and git-worker leaves the mount-owner DaemonSet byte for byte as it was" unchanged_by_upgrade
 check "values.schema.json rejects a registration it does not know" rejects "node.registration=self" --set node.registration=self
 check "values.schema.json rejects node.metricsPort=notanumber" rejects "node.metricsPort=notanumber" --set node.metricsPort=notanumber
 check "values.schema.json rejects an unknown value (node.metricPort)" rejects "node.metricPort=9000" --set node.metricPort=9000
+check "values.schema.json rejects a mount-owner update strategy it does not know" rejects "mountOwner.updateStrategy.type=Sometimes" --set mountOwner.updateStrategy.type=Sometimes
 check "values.schema.json rejects an image pull policy it does not know" rejects "images.csiFrontend.pullPolicy=Sometimes" --set images.csiFrontend.pullPolicy=Sometimes
 check "dashboard names only metrics the driver exports" python3 "$WORK/checks.py" dashboard
 check "docs/examples/homeassistant matches spec 004" python3 "$WORK/checks.py" examples

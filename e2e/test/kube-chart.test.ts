@@ -33,6 +33,10 @@ function split(rendered: string): Manifest[] {
     .map((text) => ({ kind: /^kind:\s*(\S+)/m.exec(text)![1]!, name: /^metadata:\s*\n(?:\s+.*\n)*?\s+name:\s*(\S+)/m.exec(text)?.[1] ?? "", text }));
 }
 
+function helmTemplate(values: string[]): Promise<{ stdout: string }> {
+  return run(HELM, ["template", "git-csi", path.join(ROOT, "charts", "git-csi"), "--namespace", NAMESPACE, "--kube-version", kubeVersions().kubernetes, ...values], { maxBuffer: 16 << 20 });
+}
+
 const RBAC_KINDS = new Set(["ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding"]);
 
 const SUITE = "the chart against a real kube-apiserver";
@@ -48,14 +52,21 @@ else
     before(async () => {
       dir = await fs.mkdtemp(path.join(os.tmpdir(), "git-csi-kube-"));
       kube = await startKube(dir);
-      const { stdout } = await run(HELM, ["template", "git-csi", path.join(ROOT, "charts", "git-csi"), "--namespace", NAMESPACE, "--kube-version", kubeVersions().kubernetes], { maxBuffer: 16 << 20 });
-      manifests = split(stdout);
+      manifests = split((await helmTemplate([])).stdout);
     });
 
     after(async () => {
       await kube?.stop();
       if (dir) await fs.rm(dir, { recursive: true, force: true });
     });
+
+    /** Server-side dry-run of every manifest: the API server accepts each. */
+    async function dryRun(ms: Manifest[]): Promise<void> {
+      const out = await kube.kubectl(["apply", "--server-side", "--dry-run=server", "--field-manager=helm", "-f", "-"], ms.map((m) => m.text).join("\n---\n"));
+      for (const m of ms) {
+        assert.match(out, new RegExp(`\\b${m.name.replace(/[.]/g, "\\.")} serverside-applied \\(server dry run\\)`, "i"), `${m.kind} ${m.name} was not applied:\n${out}`);
+      }
+    }
 
     test("the API server serves VolumeAttributesClass as storage.k8s.io/v1", async () => {
       const resources = JSON.parse(await kube.kubectl(["get", "--raw", "/apis/storage.k8s.io/v1"])) as { resources: { name: string }[] };
@@ -68,12 +79,18 @@ else
     test("every manifest the chart renders is accepted by server-side dry-run", async () => {
       await kube.kubectl(["create", "namespace", NAMESPACE]);
       assert.ok(manifests.length >= 10, `helm rendered ${manifests.length} manifests`);
-      const out = await kube.kubectl(["apply", "--server-side", "--dry-run=server", "--field-manager=helm", "-f", "-"], manifests.map((m) => m.text).join("\n---\n"));
-      for (const m of manifests) {
-        assert.match(out, new RegExp(`\\b${m.name.replace(/[.]/g, "\\.")} serverside-applied \\(server dry run\\)`, "i"), `${m.kind} ${m.name} was not applied:\n${out}`);
-      }
+      await dryRun(manifests);
       // Dry-run stores nothing: the node DaemonSet is not there afterwards.
       assert.equal((await kube.kubectl(["get", "daemonsets", "-n", NAMESPACE, "-o", "name"])).trim(), "");
+    });
+
+    test("an upgrade with new csi-frontend and git-worker images renders manifests the server accepts too, the mount-owner DaemonSet unchanged", async () => {
+      await kube.kubectl(["get", "namespace", NAMESPACE]).catch(() => kube.kubectl(["create", "namespace", NAMESPACE]));
+      const upgraded = split((await helmTemplate(["--set", "images.csiFrontend.tag=upgrade", "--set", "images.gitWorker.tag=upgrade"])).stdout);
+      const owner = (ms: Manifest[]) => ms.find((m) => m.kind === "DaemonSet" && m.name.endsWith("-mount-owner"))?.text;
+      assert.ok(owner(manifests), "the chart renders a mount-owner DaemonSet");
+      assert.equal(owner(upgraded), owner(manifests));
+      await dryRun(upgraded);
     });
 
     describe("least-privilege RBAC", () => {
