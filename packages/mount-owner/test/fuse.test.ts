@@ -8,7 +8,7 @@ import * as fs from "node:fs";
 import { join } from "node:path";
 import { after, before, describe, test } from "node:test";
 import { promisify } from "node:util";
-import { type FuseMount, mountFuse } from "../src/fuse/binding";
+import { type FuseMount, mountFuse, resumeFuse, setIncarnation, takeKept } from "../src/fuse/binding";
 
 const execFileAsync = promisify(execFile);
 const EIO = /Input\/output error/;
@@ -518,13 +518,19 @@ describe("a dead mount owner", () => {
 
 /** Mounts the volume from a child node process, then SIGKILLs it. */
 async function mountInChildAndKill(volume: Volume): Promise<void> {
+  await (await mountInChild(volume)).kill();
+}
+
+/** Mounts the volume from a child node process, the connection handed to the keeper at keeperSocket if one is named. */
+async function mountInChild(volume: Volume, keeperSocket = ""): Promise<{ kill(): Promise<void> }> {
   const script = `
     const { mountFuse } = require(${JSON.stringify(require.resolve("../src/fuse/binding"))});
-    mountFuse({ mountpoint: process.env.M, backing: process.env.B, fsname: 'git-csi:dead' });
+    const mount = mountFuse({ mountpoint: process.env.M, backing: process.env.B, fsname: 'git-csi:dead' });
+    if (process.env.K) mount.keep(process.env.K, 'test-volume');
     console.log('mounted');
     setInterval(() => undefined, 1000);`;
   const child = spawn(process.execPath, ["-e", script], {
-    env: { ...process.env, M: volume.mnt, B: volume.backing },
+    env: { ...process.env, M: volume.mnt, B: volume.backing, K: keeperSocket },
     stdio: ["ignore", "pipe", "inherit"],
   });
   await new Promise<void>((resolve, reject) => {
@@ -532,6 +538,72 @@ async function mountInChildAndKill(volume: Volume): Promise<void> {
     child.on("exit", (code) => reject(new Error(`mount child exited with ${code}`)));
   });
   const exited = new Promise((resolve) => child.on("exit", resolve));
-  child.kill("SIGKILL");
-  await exited;
+  return {
+    kill: async () => {
+      child.kill("SIGKILL");
+      await exited;
+    },
+  };
 }
+
+/**
+ * The application of the resume test: takes a descriptor of an open file, one
+ * of an open directory and a working directory deep in the mount, says
+ * "ready", and after a line on stdin uses all three and prints what it saw.
+ */
+const HOLDER = `
+import json, os, sys
+os.chdir(os.path.join(sys.argv[1], "a/b/c"))
+f = os.open("log", os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+d = os.open(".", os.O_RDONLY | os.O_DIRECTORY)
+os.write(f, b"before\\n")
+print("ready", flush=True)
+sys.stdin.readline()
+os.write(f, b"after\\n")
+os.fsync(f)
+print(json.dumps({"entries": sorted(os.listdir(d)), "deep": open("sub/deep.txt").read(), "stat": os.stat("log").st_size}), flush=True)
+`;
+
+describe("a connection kept across a restart of its server", () => {
+  const volume = tempVolume();
+  const keeperSocket = join(volume.dir, "keeper.sock");
+  let keeper: ReturnType<typeof spawn>;
+
+  before(async () => {
+    keeper = spawn(join(__dirname, "../native/gitcsi-fd-keeper"), [keeperSocket], { stdio: "ignore" });
+    await eventually(() => fs.existsSync(keeperSocket), "the keeper listens");
+  });
+
+  after(async () => {
+    keeper.kill("SIGKILL");
+    await removeVolume(volume);
+  });
+
+  test("a new process serves it: open files, open directories and every node id the kernel held carry on", async () => {
+    fs.mkdirSync(join(volume.backing, "a/b/c/sub"), { recursive: true });
+    fs.writeFileSync(join(volume.backing, "a/b/c/sub/deep.txt"), "deep\n");
+    setIncarnation(1);
+    const first = await mountInChild(volume, keeperSocket);
+    const app = spawn("python3", ["-c", HOLDER, volume.mnt], { stdio: ["pipe", "pipe", "inherit"] });
+    let out = "";
+    app.stdout.on("data", (chunk: Buffer) => (out += chunk.toString()));
+    await eventually(() => out.includes("ready"), "the application holds its descriptors");
+    await first.kill();
+
+    // This process is the next server: another incarnation, the kept descriptor, the kernel's INIT replayed.
+    setIncarnation(2);
+    const kept = takeKept(keeperSocket);
+    assert.deepEqual(
+      kept.map((k) => k.key),
+      ["test-volume"],
+    );
+    const mount = resumeFuse({ mountpoint: volume.mnt, backing: volume.backing, fsname: "git-csi:test-volume" }, kept[0]!);
+    app.stdin.end("go\n");
+    await new Promise((resolve) => app.once("exit", resolve));
+    const seen = JSON.parse(out.slice(out.indexOf("{"))) as { entries: string[]; deep: string; stat: number };
+    assert.deepEqual(seen, { entries: ["log", "sub"], deep: "deep\n", stat: "before\nafter\n".length });
+    assert.equal(backingText(volume, "a/b/c/log"), "before\nafter\n");
+    await mount.unmount();
+    assert.equal(await isMounted(volume.mnt), false);
+  });
+});
