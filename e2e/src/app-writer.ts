@@ -5,7 +5,7 @@
 // is one JSON line in the acknowledged log, written outside the mount; a
 // refused write (ENOTCONN, ENOSPC, EIO) is not acknowledged and is tried on.
 //
-//   node app-writer.js <dir> <ack-log> <interval-ms> [first-step]   SIGTERM stops it
+//   node app-writer.js <dir> <ack-log> <interval-ms>   SIGTERM stops it
 import { createHash, randomBytes } from "node:crypto";
 import * as fs from "node:fs";
 import * as path from "node:path";
@@ -79,14 +79,13 @@ function written(dir: string, file: string, content: string | Buffer): AckedWrit
 }
 
 function main(): void {
-  const [dir, log, interval, first] = process.argv.slice(2);
+  const [dir, log, interval] = process.argv.slice(2);
   if (!dir || !log || !interval) {
-    process.stderr.write("usage: app-writer <dir> <ack-log> <interval-ms> [first-step]\n");
+    process.stderr.write("usage: app-writer <dir> <ack-log> <interval-ms>\n");
     process.exit(2);
   }
   const ackFd = fs.openSync(log, "a");
-  // A restarted application goes on where the last one stopped, into the same log.
-  let n = Number(first ?? 0);
+  let n = 0;
   let refused = 0;
   const timer = setInterval(() => {
     try {
