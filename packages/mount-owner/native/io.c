@@ -64,7 +64,7 @@ static bool begin_read(struct io_state *io)
 	if (serving == io)
 		io->active--;
 	serving = NULL;
-	bool go = !io->stopping;
+	bool go = !atomic_load(&io->stopping);
 	if (go)
 		io->active++;
 	pthread_cond_broadcast(&io->changed);
@@ -84,9 +84,22 @@ static void keep_init(struct io_state *io, const void *buf, ssize_t len)
 	pthread_mutex_unlock(&io->lock);
 }
 
+/* The clone descriptors libfuse opens block; a reader must not sleep inside read(). */
+static void nonblocking(int fd)
+{
+	static __thread int done = -1;
+	if (done == fd)
+		return;
+	int flags = fcntl(fd, F_GETFL);
+	if (flags != -1 && !(flags & O_NONBLOCK))
+		fcntl(fd, F_SETFL, flags | O_NONBLOCK);
+	done = fd;
+}
+
 /*
- * Waits for a request or the stop, then reads without blocking: a reader
- * never sleeps inside read(), so a stop always finds it between requests.
+ * Reads without blocking, and waits in poll for a request or the stop: a
+ * stop always finds a reader between requests. A request read just as the
+ * stop came is served first; the reader is counted active until it is.
  */
 static ssize_t io_read(int fd, void *buf, size_t len, void *userdata)
 {
@@ -94,13 +107,9 @@ static ssize_t io_read(int fd, void *buf, size_t len, void *userdata)
 	struct io_state *io = &v->io;
 	if (!begin_read(io))
 		park(io);
-	if (!(fcntl(fd, F_GETFL) & O_NONBLOCK))
-		fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
+	nonblocking(fd);
 	for (;;) {
-		struct pollfd fds[2] = { { .fd = fd, .events = POLLIN }, { .fd = io->stop_fd, .events = POLLIN } };
-		if (poll(fds, 2, -1) == -1 && errno != EINTR)
-			break;
-		if (fds[1].revents & POLLIN) {
+		if (atomic_load(&io->stopping)) {
 			set_active(io, -1);
 			park(io);
 		}
@@ -111,8 +120,15 @@ static ssize_t io_read(int fd, void *buf, size_t len, void *userdata)
 				keep_init(io, buf, res);
 			return res;
 		}
-		if (res == -1 && errno != EAGAIN && errno != EINTR)
+		if (res == -1 && errno == EAGAIN) {
+			struct pollfd fds[2] = { { .fd = fd, .events = POLLIN }, { .fd = io->stop_fd, .events = POLLIN } };
+			if (poll(fds, 2, -1) == -1 && errno != EINTR)
+				break;
+		} else if (res == 0 || errno != EINTR) {
+			if (res == 0)
+				errno = ENODEV; /* the connection is gone */
 			break;
+		}
 	}
 	int err = errno;
 	set_active(io, -1);
@@ -141,7 +157,7 @@ const struct fuse_custom_io gitcsi_io = {
 void io_quiesce(struct io_state *io)
 {
 	pthread_mutex_lock(&io->lock);
-	io->stopping = true;
+	atomic_store(&io->stopping, true);
 	uint64_t one = 1;
 	/* A failed write means the counter is set already: the readers wake anyway. */
 	ssize_t ignored = write(io->stop_fd, &one, sizeof(one));

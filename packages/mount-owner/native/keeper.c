@@ -30,17 +30,36 @@ struct held {
 static struct held *held;
 static size_t count, capacity;
 
-static void say(const char *level, const char *message, const char *key)
+/* A JSON string: a volume id is the kubelet's, and may hold any character. */
+static void json_string(const char *s)
 {
-	fprintf(stderr, "{\"level\":\"%s\",\"service\":\"fd-keeper\",\"operation\":\"keep\",\"message\":\"%s\"", level, message);
-	if (key != NULL)
-		fprintf(stderr, ",\"key\":\"%s\"", key); /* keys are volume ids and paths the mount owner made */
+	fputc('"', stderr);
+	for (; *s != '\0'; s++) {
+		unsigned char c = (unsigned char)*s;
+		if (c == '"' || c == '\\')
+			fprintf(stderr, "\\%c", c);
+		else if (c < 0x20)
+			fprintf(stderr, "\\u%04x", c);
+		else
+			fputc(c, stderr);
+	}
+	fputc('"', stderr);
+}
+
+/* One JSON log line, as the services write them; field names a value (a volume, the socket). */
+static void say(const char *level, const char *message, const char *field, const char *value)
+{
+	fprintf(stderr, "{\"level\":\"%s\",\"service\":\"fd-keeper\",\"operation\":\"fuse_keep\",\"message\":\"%s\"", level, message);
+	if (value != NULL) {
+		fprintf(stderr, ",\"%s\":", field);
+		json_string(value);
+	}
 	fprintf(stderr, ",\"held\":%zu}\n", count);
 }
 
 static void drop(size_t i, const char *why)
 {
-	say("info", why, held[i].key);
+	say("info", why, "volume", held[i].key);
 	close(held[i].fd);
 	free(held[i].key);
 	held[i] = held[--count];
@@ -70,7 +89,7 @@ static int put(struct keeper_message *m)
 	held[count] = (struct held){ .key = key, .fd = m->fd, .init_len = m->init_len };
 	memcpy(held[count].init, m->init, m->init_len);
 	count++;
-	say("info", "keeping a FUSE connection", key);
+	say("info", "keeping a FUSE connection", "volume", key);
 	return 0;
 }
 
@@ -101,14 +120,14 @@ static void serve_client(int client)
 	if (m.op == 'P' && m.fd >= 0 && m.key[0] != '\0') {
 		if (put(&m) != 0) {
 			close(m.fd);
-			say("error", "out of memory: a connection is not kept", m.key);
+			say("error", "out of memory: a connection is not kept", "volume", m.key);
 		}
 	} else if (m.op == 'T') {
 		give_all(client);
 	} else {
 		if (m.fd >= 0)
 			close(m.fd);
-		say("warn", "a request the keeper does not know", NULL);
+		say("warn", "a request the keeper does not know", NULL, NULL);
 	}
 }
 
@@ -142,7 +161,7 @@ int main(int argc, char **argv)
 	if (sock == -1)
 		return 1;
 	signal(SIGPIPE, SIG_IGN);
-	say("info", "listening", argv[1]);
+	say("info", "listening", "socket", argv[1]);
 	for (;;) {
 		struct pollfd *fds = calloc(count + 1, sizeof(*fds));
 		if (fds == NULL)

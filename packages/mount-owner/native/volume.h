@@ -45,7 +45,7 @@ struct io_state {
 	int stop_fd; /* eventfd: wakes the readers that wait for a request */
 	pthread_mutex_t lock;
 	pthread_cond_t changed;
-	bool stopping;
+	atomic_bool stopping;
 	int active; /* readers in a read, or serving what they read */
 	unsigned char init[INIT_MAX];
 	size_t init_len;
