@@ -122,27 +122,27 @@ describe("a mount owner restart keeps the mounts", () => {
     assert.ok(remoteLines.length - expected.length <= written.errors.length, `${remoteLines.length} lines on the remote, ${expected.length} acknowledged, ${written.errors.length} failed`);
   }
 
-  test(`SIGKILL of the mount owner ${RESTARTS} times while an application fsyncs every 4 ms: at most one failed operation per kill, every acknowledged line pushed`, async () => {
-    const published = await armedVolume("killed");
+  /** An application writes while the mount owner is restarted RESTARTS times by signal; what it saw, printed. */
+  async function writeThroughRestarts(name: string, signal: NodeJS.Signals): Promise<{ published: PublishedVolume; written: Written }> {
+    const published = await armedVolume(name);
     const writer = startWriter(path.join(published.targetPath, "log.txt"));
     await new Promise((r) => setTimeout(r, 500));
-    await restartOwner("SIGKILL", RESTARTS);
+    await restartOwner(signal, RESTARTS);
     const written = await writer.stop();
-    console.log(`SIGKILL x${RESTARTS}: ${written.acked.length} lines acknowledged, ${written.errors.length} failed operations${written.errors.length ? `: ${written.errors.join("; ")}` : ""}`);
+    console.log(`${signal} x${RESTARTS}: ${written.acked.length} lines acknowledged, ${written.errors.length} failed operations${written.errors.length ? `: ${written.errors.join("; ")}` : ""}`);
     assert.ok(written.acked.length > RESTARTS * 10, "the application wrote throughout");
+    return { published, written };
+  }
+
+  test(`SIGKILL of the mount owner ${RESTARTS} times while an application fsyncs every 4 ms: at most one failed operation per kill, every acknowledged line pushed`, async () => {
+    const { published, written } = await writeThroughRestarts("killed", "SIGKILL");
     assert.ok(written.errors.length <= RESTARTS, `at most one failed operation per kill: ${written.errors.join("; ")}`);
     await assertPushed("killed", written);
     await unpublishAndUnstage(driver, published);
   });
 
   test(`SIGTERM of the mount owner ${RESTARTS} times (a graceful upgrade) while an application fsyncs every 4 ms: no operation fails`, async () => {
-    const published = await armedVolume("stopped");
-    const writer = startWriter(path.join(published.targetPath, "log.txt"));
-    await new Promise((r) => setTimeout(r, 500));
-    await restartOwner("SIGTERM", RESTARTS);
-    const written = await writer.stop();
-    console.log(`SIGTERM x${RESTARTS}: ${written.acked.length} lines acknowledged, ${written.errors.length} failed operations${written.errors.length ? `: ${written.errors.join("; ")}` : ""}`);
-    assert.ok(written.acked.length > RESTARTS * 10, "the application wrote throughout");
+    const { published, written } = await writeThroughRestarts("stopped", "SIGTERM");
     assert.deepEqual(written.errors, []);
     await assertPushed("stopped", written);
     await unpublishAndUnstage(driver, published);
