@@ -75,6 +75,7 @@ static void *serve(void *arg)
 	fuse_loop_cfg_set_clone_fd(config, 1);
 	fuse_loop_cfg_set_max_threads(config, MAX_THREADS);
 	fuse_session_loop_mt(v->se, config);
+	io_end(&v->io);
 	fuse_loop_cfg_destroy(config);
 	fence_join(v);
 	fuse_session_destroy(v->se);

@@ -162,8 +162,17 @@ void io_quiesce(struct io_state *io)
 	/* A failed write means the counter is set already: the readers wake anyway. */
 	ssize_t ignored = write(io->stop_fd, &one, sizeof(one));
 	(void)ignored;
-	while (io->active > 0)
+	while (io->active > 0 && !io->ended)
 		pthread_cond_wait(&io->changed, &io->lock);
+	pthread_mutex_unlock(&io->lock);
+}
+
+/* The session's loop ended (its readers may have been cancelled mid-wait): nothing is left to quiesce. */
+void io_end(struct io_state *io)
+{
+	pthread_mutex_lock(&io->lock);
+	io->ended = true;
+	pthread_cond_broadcast(&io->changed);
 	pthread_mutex_unlock(&io->lock);
 }
 

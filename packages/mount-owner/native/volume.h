@@ -46,6 +46,7 @@ struct io_state {
 	pthread_mutex_t lock;
 	pthread_cond_t changed;
 	atomic_bool stopping;
+	bool ended; /* the session's loop returned */
 	int active; /* readers in a read, or serving what they read */
 	unsigned char init[INIT_MAX];
 	size_t init_len;
@@ -115,8 +116,9 @@ struct node *node_recover(struct volume *v, fuse_ino_t id);
 extern const struct fuse_custom_io gitcsi_io;
 int io_init(struct io_state *io);
 void io_destroy(struct io_state *io);
-/* Readers stop taking requests; returns once none is in flight. */
+/* Readers stop taking requests; returns once none is in flight, or the session ended. */
 void io_quiesce(struct io_state *io);
+void io_end(struct io_state *io);
 /* Waits for the connection's INIT to have been read; 0 or ETIMEDOUT. */
 int io_wait_init(struct io_state *io, int timeout_ms);
 /* Tells a resumed session the INIT the kernel sent its connection. */

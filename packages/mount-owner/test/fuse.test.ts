@@ -564,6 +564,20 @@ os.fsync(f)
 print(json.dumps({"entries": sorted(os.listdir(d)), "deep": open("sub/deep.txt").read(), "stat": os.stat("log").st_size}), flush=True)
 `;
 
+describe("a graceful stop", () => {
+  test("quiesce returns at once for a mount whose connection already ended", { timeout: 10_000 }, async () => {
+    const volume = tempVolume();
+    try {
+      const mount = mountFuse({ mountpoint: volume.mnt, backing: volume.backing, fsname: "git-csi:ended" });
+      await sh(volume, 'ls "$M" && umount "$M"');
+      await new Promise((r) => setTimeout(r, 200));
+      mount.quiesce();
+    } finally {
+      await removeVolume(volume);
+    }
+  });
+});
+
 describe("a connection kept across a restart of its server", () => {
   const volume = tempVolume();
   const keeperSocket = join(volume.dir, "keeper.sock");
