@@ -109,17 +109,7 @@ test("spec 004's homeassistant example: written, armed through the claim's class
 
   await kubectl("apply", "-f", path.join(EXAMPLE, "namespace.yaml"));
   // The Secret as secret.yaml says to make it from files.
-  await kubectl(
-    "create",
-    "secret",
-    "generic",
-    "homeassistant-deploy-key",
-    "-n",
-    "home",
-    "--type=kubernetes.io/ssh-auth",
-    `--from-file=ssh-privatekey=${keyFile}`,
-    `--from-file=known_hosts=${path.join(dir, "known_hosts")}`,
-  );
+  await kubectl(...sshAuthSecret("homeassistant-deploy-key", "home", keyFile));
   await apply((await example("persistentvolume.yaml")).replace("git@code.example.com:home/homeassistant.git", git.url("homeassistant.git")));
   await kubectl("apply", "-f", path.join(EXAMPLE, "persistentvolumeclaim.yaml"));
   await waitFor("the claim Bound", async () => (await kubectl("get", "pvc", "config", "-n", "home", "-o", "jsonpath={.status.phase}")) === "Bound");
@@ -172,20 +162,7 @@ test("a rotated Secret is what the next push uses", { skip }, async () => {
   const key = await git.addDeployKey("homeassistant-rotated");
   const keyFile = path.join(dir, "homeassistant-deploy-key-rotated");
   await fs.writeFile(keyFile, key.privateKey, { mode: 0o600 });
-  const secret = await kubectl(
-    "create",
-    "secret",
-    "generic",
-    "homeassistant-deploy-key",
-    "-n",
-    "home",
-    "--type=kubernetes.io/ssh-auth",
-    `--from-file=ssh-privatekey=${keyFile}`,
-    `--from-file=known_hosts=${path.join(dir, "known_hosts")}`,
-    "--dry-run=client",
-    "-o",
-    "yaml",
-  );
+  const secret = await kubectl(...sshAuthSecret("homeassistant-deploy-key", "home", keyFile), "--dry-run=client", "-o", "yaml");
   await apply(secret);
   // The old key no longer opens the repository: only the rotated one can push what comes next.
   await git.revokeDeployKey("homeassistant");
@@ -301,6 +278,12 @@ const rwoPod = (name: string, node: string) =>
     },
   });
 
+/** `kubectl create secret` arguments for a deploy key and the test server's host key, as the README says to make a Secret. */
+function sshAuthSecret(name: string, namespace: string, keyFile: string): string[] {
+  const files = [`--from-file=ssh-privatekey=${keyFile}`, `--from-file=known_hosts=${path.join(dir, "known_hosts")}`];
+  return ["create", "secret", "generic", name, "-n", namespace, "--type=kubernetes.io/ssh-auth", ...files];
+}
+
 /** A repository on the ssh server, a deploy key of it, and that key as a `kubernetes.io/ssh-auth` Secret in a namespace of the same name. */
 async function repositoryWithKey(name: string): Promise<{ name: string; namespace: string }> {
   await git.createRepo(`${name}.git`, { files: { "README.md": `${name}\n` } });
@@ -308,8 +291,7 @@ async function repositoryWithKey(name: string): Promise<{ name: string; namespac
   const keyFile = path.join(dir, `${name}-key`);
   await fs.writeFile(keyFile, key.privateKey, { mode: 0o600 });
   await kubectl("create", "namespace", name);
-  const files = [`--from-file=ssh-privatekey=${keyFile}`, `--from-file=known_hosts=${path.join(dir, "known_hosts")}`];
-  await kubectl("create", "secret", "generic", `${name}-key`, "-n", name, "--type=kubernetes.io/ssh-auth", ...files);
+  await kubectl(...sshAuthSecret(`${name}-key`, name, keyFile));
   return { name: `${name}-key`, namespace: name };
 }
 
