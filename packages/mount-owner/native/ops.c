@@ -132,8 +132,8 @@ static void reply_entry(fuse_req_t req, fuse_ino_t parent, int parent_fd, const 
 	int err = find_entry(volume_of(req), parent, parent_fd, name, &e);
 	if (err != 0)
 		fuse_reply_err(req, err);
-	else
-		fuse_reply_entry(req, &e);
+	else if (fuse_reply_entry(req, &e) == -ENOENT)
+		node_forget(volume_of(req), e.ino, 1); /* the caller was interrupted: no forget will come */
 }
 
 static void op_init(void *userdata, struct fuse_conn_info *conn)
@@ -425,8 +425,11 @@ static void op_create(fuse_req_t req, fuse_ino_t parent, const char *name, mode_
 		return;
 	}
 	fi->fh = file_handle(fd, fi->flags);
-	if (fuse_reply_create(req, &e, fi) == -ENOENT)
+	if (fuse_reply_create(req, &e, fi) == -ENOENT) {
+		/* the caller was interrupted: neither a release nor a forget will come */
 		close(fd);
+		node_forget(volume_of(req), e.ino, 1);
+	}
 }
 
 /* The open file's descriptor, or the request answered with why there is none. */
