@@ -374,6 +374,51 @@ async function cleanUp(steps: Array<[string, () => Promise<unknown>]>): Promise<
 }
 
 /** Section 1: the same workloads on direct, ours and bindfs. */
+type Samples = Record<WorkloadId, Record<PathId, number[]>>;
+
+/** Every workload on every path, config.repetitions times. */
+async function sampleWorkloads(config: Config, bases: Record<PathId, string>): Promise<Samples> {
+  const samples = Object.fromEntries(WORKLOADS.map((w) => [w.id, { direct: [], ours: [], bindfs: [] }])) as unknown as Samples;
+  for (let rep = 1; rep <= config.repetitions; rep++) {
+    // Paths take turns within a repetition, so a drift of the machine touches all three.
+    for (const id of PATHS) {
+      const values: string[] = [];
+      await runOnce(bases[id], config, rep, (workload, value) => {
+        samples[workload][id].push(value);
+        values.push(`${workload} ${num(value)}`);
+      });
+      log(`  run ${rep}/${config.repetitions} ${id.padEnd(6)} ${values.join(", ")}`);
+    }
+  }
+  return samples;
+}
+
+function passthroughSection(config: Config, environment: Record<string, unknown>, oursMount: { fsType: string; source: string }, samples: Samples): PassthroughSection {
+  return {
+    config: {
+      quick: config.quick,
+      seqBytes: config.seqMiB * MiB,
+      seqBlockBytes: MiB,
+      files: config.files,
+      fileBytes: SMALL_FILE_BYTES,
+      sqliteRows: config.rows,
+      sqliteBatch: SQLITE_BATCH,
+      repetitions: config.repetitions,
+    },
+    environment,
+    paths: {
+      direct: { description: "a plain directory beside the volume's work tree, on the same file system" },
+      ours: {
+        description: "the published target of a real volume: the mount owner's FUSE server (native, libfuse3) over the work tree, bind-mounted",
+        fsType: oursMount.fsType,
+        source: oursMount.source,
+      },
+      bindfs: { description: "bindfs over a plain directory on the same file system", command: `bindfs ${BINDFS_OPTIONS.join(" ")} SRC DST` },
+    },
+    workloads: summarize(config, samples),
+  };
+}
+
 async function runPassthrough(config: Config, dir: string, baseEnv: Record<string, unknown>): Promise<PassthroughSection> {
   const benchRoot = path.join(dir, "bench");
   const directDir = path.join(benchRoot, "direct");
@@ -417,43 +462,9 @@ async function runPassthrough(config: Config, dir: string, baseEnv: Record<strin
     const bases: Record<PathId, string> = { direct: path.join(directDir, "bench"), ours: path.join(published.targetPath, "bench"), bindfs: path.join(bindfsMount, "bench") };
     await sh('mkdir -- "$1" "$2" "$3"', bases.direct, bases.ours, bases.bindfs);
 
-    const samples = Object.fromEntries(WORKLOADS.map((w) => [w.id, { direct: [], ours: [], bindfs: [] }])) as unknown as Record<WorkloadId, Record<PathId, number[]>>;
-    for (let rep = 1; rep <= config.repetitions; rep++) {
-      // Paths take turns within a repetition, so a drift of the machine touches all three.
-      for (const id of PATHS) {
-        const values: string[] = [];
-        await runOnce(bases[id], config, rep, (workload, value) => {
-          samples[workload][id].push(value);
-          values.push(`${workload} ${num(value)}`);
-        });
-        log(`  run ${rep}/${config.repetitions} ${id.padEnd(6)} ${values.join(", ")}`);
-      }
-    }
+    const samples = await sampleWorkloads(config, bases);
 
-    const bindfsCommand = `bindfs ${BINDFS_OPTIONS.join(" ")} SRC DST`;
-    return {
-      config: {
-        quick: config.quick,
-        seqBytes: config.seqMiB * MiB,
-        seqBlockBytes: MiB,
-        files: config.files,
-        fileBytes: SMALL_FILE_BYTES,
-        sqliteRows: config.rows,
-        sqliteBatch: SQLITE_BATCH,
-        repetitions: config.repetitions,
-      },
-      environment: { ...env, backingFileSystem: backingFs },
-      paths: {
-        direct: { description: "a plain directory beside the volume's work tree, on the same file system" },
-        ours: {
-          description: "the published target of a real volume: the mount owner's FUSE server (native, libfuse3) over the work tree, bind-mounted",
-          fsType: oursMount.fsType,
-          source: oursMount.source,
-        },
-        bindfs: { description: "bindfs over a plain directory on the same file system", command: bindfsCommand },
-      },
-      workloads: summarize(config, samples),
-    };
+    return passthroughSection(config, { ...env, backingFileSystem: backingFs }, oursMount, samples);
   } catch (err) {
     failed = true;
     throw err;
@@ -715,6 +726,62 @@ function medianOf(values: number[]): number {
   return finite.length === 0 ? Number.NaN : median(finite);
 }
 
+type TreeSamples = { driver: DriverSample[]; byHand: number[]; fullScan: number[]; status: number[] };
+
+/** The driver and git by hand on every tree, c.repetitions times. */
+async function sampleTrees(server: GitServer, driver: Driver, trees: Tree[], c: Config["commit"]): Promise<Map<Tree, TreeSamples>> {
+  const samples = new Map(trees.map((t): [Tree, TreeSamples] => [t, { driver: [], byHand: [], fullScan: [], status: [] }]));
+  for (let rep = 1; rep <= c.repetitions; rep++) {
+    // Trees and ways take turns within a repetition, so a drift of the machine touches all.
+    for (const tree of trees) {
+      const s = samples.get(tree)!;
+      const d = await driverOnce(server, driver, tree, c.quiesceMs, rep);
+      const h = await byHandOnce(server, tree, rep);
+      s.driver.push(d);
+      s.byHand.push(h.byHand);
+      s.status.push(h.status);
+      s.fullScan.push(h.fullScan);
+      log(
+        `  run ${rep}/${c.repetitions} ${tree.files.toLocaleString("en-US").padStart(7)} files: driver ${Math.round(d.totalMs)} ms (−quiesce ${Math.round(d.minusQuiesceMs)}: pending ${Math.round(d.pendingMs)}, committed ${Math.round(d.committedMs)}, push ${Math.round(d.pushMs)}), by hand ${Math.round(h.byHand)}, status ${Math.round(h.status)}, full scan ${Math.round(h.fullScan)}`,
+      );
+    }
+  }
+  return samples;
+}
+
+function treeResult(tree: Tree, s: TreeSamples, driverFirstChangeMs: number): TreeResult {
+  const m = {
+    driver: Object.fromEntries(DRIVER_PARTS.map((k) => [k, medianOf(s.driver.map((d) => d[k]))])) as unknown as DriverSample,
+    byHand: medianOf(s.byHand),
+    fullScan: medianOf(s.fullScan),
+    status: medianOf(s.status),
+  };
+  return {
+    files: tree.files,
+    directories: tree.directories,
+    filesPerDirectory: FILES_PER_DIR,
+    fileBytes: FILE_BYTES,
+    driverFirstChangeMs,
+    samples: s,
+    median: m,
+    ratio: { driverMinusQuiesceOverByHand: m.driver.minusQuiesceMs / m.byHand, fullScanOverByHand: m.fullScan / m.byHand, statusOverByHand: m.status / m.byHand },
+  };
+}
+
+/** How each way's cost grows from the small tree to the large one. */
+function growthOf(small: TreeResult["median"], large: TreeResult["median"]): CommitSection["growth"] {
+  return {
+    driverTotal: large.driver.totalMs / small.driver.totalMs,
+    driverMinusQuiesce: large.driver.minusQuiesceMs / small.driver.minusQuiesceMs,
+    driverPending: large.driver.pendingMs / small.driver.pendingMs,
+    driverCommitted: large.driver.committedMs / small.driver.committedMs,
+    driverPush: large.driver.pushMs / small.driver.pushMs,
+    byHand: large.byHand / small.byHand,
+    fullScan: large.fullScan / small.fullScan,
+    status: large.status / small.status,
+  };
+}
+
 async function runCommitCost(config: Config, dir: string, baseEnv: Record<string, unknown>): Promise<CommitSection> {
   const c = config.commit;
   const quiesce = `${c.quiesceMs / 1000}s`;
@@ -742,42 +809,8 @@ async function runCommitCost(config: Config, dir: string, baseEnv: Record<string
       log(`  warm-up ${tree.files.toLocaleString("en-US")} files: ${Math.round(first.get(tree)!)} ms`);
     }
 
-    const samples = new Map(trees.map((t) => [t, { driver: [] as DriverSample[], byHand: [] as number[], fullScan: [] as number[], status: [] as number[] }]));
-    for (let rep = 1; rep <= c.repetitions; rep++) {
-      // Trees and ways take turns within a repetition, so a drift of the machine touches all.
-      for (const tree of trees) {
-        const s = samples.get(tree)!;
-        const d = await driverOnce(server, driver, tree, c.quiesceMs, rep);
-        const h = await byHandOnce(server, tree, rep);
-        s.driver.push(d);
-        s.byHand.push(h.byHand);
-        s.status.push(h.status);
-        s.fullScan.push(h.fullScan);
-        log(
-          `  run ${rep}/${c.repetitions} ${tree.files.toLocaleString("en-US").padStart(7)} files: driver ${Math.round(d.totalMs)} ms (−quiesce ${Math.round(d.minusQuiesceMs)}: pending ${Math.round(d.pendingMs)}, committed ${Math.round(d.committedMs)}, push ${Math.round(d.pushMs)}), by hand ${Math.round(h.byHand)}, status ${Math.round(h.status)}, full scan ${Math.round(h.fullScan)}`,
-        );
-      }
-    }
-
-    const results: TreeResult[] = trees.map((tree) => {
-      const s = samples.get(tree)!;
-      const m = {
-        driver: Object.fromEntries(DRIVER_PARTS.map((k) => [k, medianOf(s.driver.map((d) => d[k]))])) as unknown as DriverSample,
-        byHand: medianOf(s.byHand),
-        fullScan: medianOf(s.fullScan),
-        status: medianOf(s.status),
-      };
-      return {
-        files: tree.files,
-        directories: tree.directories,
-        filesPerDirectory: FILES_PER_DIR,
-        fileBytes: FILE_BYTES,
-        driverFirstChangeMs: first.get(tree)!,
-        samples: s,
-        median: m,
-        ratio: { driverMinusQuiesceOverByHand: m.driver.minusQuiesceMs / m.byHand, fullScanOverByHand: m.fullScan / m.byHand, statusOverByHand: m.status / m.byHand },
-      };
-    });
+    const samples = await sampleTrees(server, driver, trees, c);
+    const results = trees.map((tree) => treeResult(tree, samples.get(tree)!, first.get(tree)!));
     const [small, large] = [results[0]!.median, results[1]!.median];
     return {
       config: { quick: config.quick, repetitions: c.repetitions, warmUps: 1, quiesceMs: c.quiesceMs, maxLatency: "1m", pollMs: POLL_MS, filesPerDirectory: FILES_PER_DIR, fileBytes: FILE_BYTES },
@@ -789,16 +822,7 @@ async function runCommitCost(config: Config, dir: string, baseEnv: Record<string
         fullScan: "the same clone, that file appended: git add --all; git commit -q -m x; git push -q",
       },
       trees: results,
-      growth: {
-        driverTotal: large.driver.totalMs / small.driver.totalMs,
-        driverMinusQuiesce: large.driver.minusQuiesceMs / small.driver.minusQuiesceMs,
-        driverPending: large.driver.pendingMs / small.driver.pendingMs,
-        driverCommitted: large.driver.committedMs / small.driver.committedMs,
-        driverPush: large.driver.pushMs / small.driver.pushMs,
-        byHand: large.byHand / small.byHand,
-        fullScan: large.fullScan / small.fullScan,
-        status: large.status / small.status,
-      },
+      growth: growthOf(small, large),
     };
   } catch (err) {
     failed = true;

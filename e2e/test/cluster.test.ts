@@ -295,6 +295,18 @@ async function repositoryWithKey(name: string): Promise<{ name: string; namespac
   return { name: `${name}-key`, namespace: name };
 }
 
+/** The claim `data` in a namespace, bound to the PersistentVolume `<namespace>-data`. */
+function dataClaim(namespace: string, accessMode: string): object {
+  const spec = { volumeName: `${namespace}-data`, storageClassName: "", accessModes: [accessMode], resources: { requests: { storage: "1Gi" } } };
+  return { apiVersion: "v1", kind: "PersistentVolumeClaim", metadata: { name: "data", namespace }, spec };
+}
+
+/** Waits for the claim `data` to bind, then arms it with the class `<namespace>-eager`, as a user does. */
+async function bindAndArm(namespace: string): Promise<void> {
+  await waitFor("the claim Bound", async () => (await kubectl("get", "pvc", "data", "-n", namespace, "-o", "jsonpath={.status.phase}")) === "Bound");
+  await kubectl("patch", "pvc", "data", "-n", namespace, "-p", JSON.stringify({ spec: { volumeAttributesClassName: `${namespace}-eager` } }));
+}
+
 const nodeLines = (text: string | undefined, node: string) => (text ?? "").split("\n").filter((l) => l.startsWith(`${node} `));
 
 test("ReadWriteOnce across two nodes: node 1 is lost, node 2 takes the volume after the lease, node 1 back lands nothing", { skip }, async () => {
@@ -316,22 +328,11 @@ test("ReadWriteOnce across two nodes: node 1 is lost, node 2 takes the volume af
             csi: { driver: "git.liken.sh", volumeHandle: "rwo-data", volumeAttributes: { url: git.url("rwo.git"), ref: "main" }, nodeStageSecretRef: secretRef, nodePublishSecretRef: secretRef },
           },
         },
-        {
-          apiVersion: "v1",
-          kind: "PersistentVolumeClaim",
-          metadata: { name: "data", namespace: "rwo" },
-          spec: {
-            volumeName: "rwo-data",
-            storageClassName: "",
-            accessModes: ["ReadWriteOnce"],
-            resources: { requests: { storage: "1Gi" } },
-          },
-        },
+        dataClaim("rwo", "ReadWriteOnce"),
       ],
     }),
   );
-  await waitFor("the claim Bound", async () => (await kubectl("get", "pvc", "data", "-n", "rwo", "-o", "jsonpath={.status.phase}")) === "Bound");
-  await kubectl("patch", "pvc", "data", "-n", "rwo", "-p", JSON.stringify({ spec: { volumeAttributesClassName: "rwo-eager" } }));
+  await bindAndArm("rwo");
   await apply(rwoPod("writer-1", "node1"));
   await kubectl("wait", "--for=condition=Ready", "pod/writer-1", "-n", "rwo", "--timeout=180s");
   await waitFor("node 1's writes pushed", async () => nodeLines(await remoteFile("rwo.git", "writes.txt"), "node1").length >= 2, 60_000);
@@ -398,22 +399,11 @@ test("a non-root pod with fsGroup writes, and its files carry the fsGroup", { sk
             },
           },
         },
-        {
-          apiVersion: "v1",
-          kind: "PersistentVolumeClaim",
-          metadata: { name: "data", namespace: "fsgroup" },
-          spec: {
-            volumeName: "fsgroup-data",
-            storageClassName: "",
-            accessModes: ["ReadWriteOncePod"],
-            resources: { requests: { storage: "1Gi" } },
-          },
-        },
+        dataClaim("fsgroup", "ReadWriteOncePod"),
       ],
     }),
   );
-  await waitFor("the claim Bound", async () => (await kubectl("get", "pvc", "data", "-n", "fsgroup", "-o", "jsonpath={.status.phase}")) === "Bound");
-  await kubectl("patch", "pvc", "data", "-n", "fsgroup", "-p", JSON.stringify({ spec: { volumeAttributesClassName: "fsgroup-eager" } }));
+  await bindAndArm("fsgroup");
   await apply(
     JSON.stringify({
       apiVersion: "v1",
