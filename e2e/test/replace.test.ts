@@ -89,6 +89,8 @@ describe("the split-service layout", () => {
 
     // The mount owner and its mounts were never touched.
     assert.equal((await mountsUnder(driver.dir)).length, 2);
+    // A client reconnects to the last replacement as the kubelet does: by trying again.
+    await waitFor("the last frontend to answer Probe", async () => (await call(driver.identity.probe.bind(driver.identity), {}, 1000)).ready);
     await unpublishAndUnstage(driver, published);
     assert.deepEqual(await mountsUnder(driver.dir), []);
   });
