@@ -1,5 +1,5 @@
 import { type ChildProcess, spawn } from "node:child_process";
-import { randomBytes } from "node:crypto";
+import { createHash, randomBytes } from "node:crypto";
 import * as fs from "node:fs/promises";
 import * as net from "node:net";
 import * as path from "node:path";
@@ -21,12 +21,19 @@ const HELPER = path.join(__dirname, "credential-helper.js");
  * is handed to git's credential helper per operation by the broker.
  */
 export class RemoteAccess {
+  /** Tells credentials apart without keeping one: volumes with the same identity may share a push. */
+  readonly identity: string;
+
   private constructor(
     private readonly credential: GitCredential | undefined,
     private readonly base: RemoteOptions,
     private readonly broker: CredentialBroker,
     private readonly agent?: ChildProcess,
-  ) {}
+  ) {
+    this.identity = createHash("sha256")
+      .update(JSON.stringify(credential ?? null))
+      .digest("hex");
+  }
 
   /** True unless an ssh credential came without known_hosts: then the first host key seen is trusted. */
   get hostKeyVerified(): boolean {

@@ -15,9 +15,13 @@ import {
   RecordError,
   serveUntil,
 } from "./ownership";
+import * as fs from "node:fs/promises";
+import * as os from "node:os";
+import * as path from "node:path";
+import { writeObjects } from "./metadata-plumbing";
 import { type Fence, fetchOwner, type PushResult, pushUpdates, RemoteError } from "./remote";
-import { ownerRef, upstreamOwnerRef } from "./store";
-import { authorEnv, runGit } from "./git";
+import { ownerRef } from "./store";
+import { runGit } from "./git";
 
 /** The ownership rules' refusals as the worker API says them. */
 const REFUSALS: Record<Refusal, gitWorker.LeaseRefusal> = {
@@ -33,8 +37,24 @@ export type OnRemote = <T>(operation: (repo: SimpleGit) => Promise<T>) => Promis
 /** The epoch no longer owns the volume: nothing it pushes may land. */
 export class LeaseLost extends RemoteError {}
 
-const CAS_ATTEMPTS = 4;
-const RECORD_AUTHOR = { name: "git-csi", email: "git-csi@git.liken.sh" };
+export const CAS_ATTEMPTS = 4;
+const RECORD_AUTHOR = "git-csi <git-csi@git.liken.sh>";
+
+/**
+ * A lease held by a batch renewal (renewal.ts), which pushes many owner refs
+ * at once: the lease's own steps wait meanwhile.
+ */
+export interface HeldLease {
+  readonly volumeId: string;
+  /** The owner ref's oid this lease last wrote or read: the renewal's compare-and-swap expects it. */
+  expected(): string;
+  /** The renewed record to write, or undefined when the epoch holds nothing to renew (the refusal is kept). */
+  renewal(): OwnerRecord | undefined;
+  /** The renewal landed as this commit. */
+  took(oid: string, record: OwnerRecord): void;
+  /** The owner ref moved: the lease takes the record it holds now, already fetched ("" for none). */
+  load(oid: string): Promise<void>;
+}
 
 /**
  * One mount session's ownership of a volume, held on the remote's owner ref:
@@ -65,13 +85,6 @@ export class MountLease {
     });
   }
 
-  renew(remote: OnRemote): Promise<gitWorker.MountLease> {
-    return this.step(async () => {
-      if (this.lost) return this.state();
-      return this.outcome(await this.update(remote, this.oid === "", (current, now) => decideRenew(current, this.holder, now)));
-    });
-  }
-
   /** True when the owner ref no longer names this epoch as holding the volume. */
   release(remote: OnRemote): Promise<boolean> {
     return this.step(async () => {
@@ -82,6 +95,29 @@ export class MountLease {
       }
       return !("refuse" in decision);
     });
+  }
+
+  /** Runs a batch renewal's part once every earlier step of this lease finished; nothing else runs on the lease until it settles. */
+  hold<T>(work: (held: HeldLease) => Promise<T>): Promise<T> {
+    return this.step(() =>
+      work({
+        volumeId: this.holder.volumeId,
+        expected: () => this.oid,
+        renewal: () => this.renewal(),
+        took: (oid, record) => this.took(oid, record),
+        load: (oid) => this.load(oid),
+      }),
+    );
+  }
+
+  /** renew_mount's decision for a batch: a refusal loses the epoch here, once. */
+  private renewal(): OwnerRecord | undefined {
+    // Never claimed (a restarted worker waits for its Secret): nothing on the remote to renew from.
+    if (this.lost || !this.record) return undefined;
+    const decision = decideRenew(this.record, this.holder, Date.now());
+    if ("write" in decision) return decision.write;
+    this.lose(decision);
+    return undefined;
   }
 
   /**
@@ -95,7 +131,7 @@ export class MountLease {
       const decision = decideRenew(this.record, this.holder, Date.now());
       if (!("write" in decision)) throw this.lose(decision);
       const next = await this.commitRecord(decision.write);
-      const result = await push({ ref: ownerRef(this.holder.volumeId), expected: this.oid, next, seen: upstreamOwnerRef(this.holder.volumeId) });
+      const result = await push({ ref: ownerRef(this.holder.volumeId), expected: this.oid, next });
       if (result.outcome === "pushed") {
         this.took(next, decision.write);
       } else if (result.outcome === "rejected") {
@@ -148,7 +184,7 @@ export class MountLease {
       if (!("write" in decision)) return decision;
       const next = await this.commitRecord(decision.write);
       const volumeId = this.holder.volumeId;
-      const result = await remote((repo) => pushUpdates(repo, [{ ref: ownerRef(volumeId), expected: this.oid, next, seen: upstreamOwnerRef(volumeId) }]));
+      const result = await remote((repo) => pushUpdates(repo, [{ ref: ownerRef(volumeId), expected: this.oid, next }]));
       if (result.outcome === "pushed") {
         this.took(next, decision.write);
         return decision;
@@ -159,7 +195,11 @@ export class MountLease {
   }
 
   private async read(remote: OnRemote): Promise<void> {
-    this.oid = await remote((repo) => fetchOwner(repo, this.holder.volumeId));
+    await this.load(await remote((repo) => fetchOwner(repo, this.holder.volumeId)));
+  }
+
+  private async load(oid: string): Promise<void> {
+    this.oid = oid;
     if (this.oid === "") {
       this.record = undefined;
       return;
@@ -178,12 +218,8 @@ export class MountLease {
     this.record = record;
   }
 
-  /** A root commit of the empty tree: records replace each other, so the remote keeps no history of renewals. */
   private async commitRecord(record: OwnerRecord): Promise<string> {
-    const emptyTree = (await runGit(this.local(), ["hash-object", "-t", "tree", "-w", "/dev/null"])).trim();
-    const date = `${Math.floor(record.time / 1000)} +0000`;
-    const git = this.local({ ...authorEnv(RECORD_AUTHOR), GIT_AUTHOR_DATE: date, GIT_COMMITTER_DATE: date });
-    return (await runGit(git, ["commit-tree", emptyTree, "-m", formatRecord(record)])).trim();
+    return (await writeRecords(this.local(), [record]))[0]!;
   }
 
   private step<T>(work: () => Promise<T>): Promise<T> {
@@ -191,4 +227,30 @@ export class MountLease {
     this.chain = result.catch(() => undefined);
     return result;
   }
+}
+
+/**
+ * Owner records as root commits of the empty tree (records replace each
+ * other, so the remote keeps no history of renewals), in two git processes
+ * however many there are: a batch renewal writes one per volume.
+ */
+export async function writeRecords(git: SimpleGit, records: OwnerRecord[]): Promise<string[]> {
+  const emptyTree = (await runGit(git, ["hash-object", "-t", "tree", "-w", "/dev/null"])).trim();
+  const scratch = await fs.mkdtemp(path.join(os.tmpdir(), "git-csi-records-"));
+  try {
+    return await writeObjects(
+      git,
+      scratch,
+      "commit",
+      records.map((record) => recordCommit(emptyTree, record)),
+    );
+  } finally {
+    await fs.rm(scratch, { recursive: true, force: true });
+  }
+}
+
+/** The commit object `git commit-tree` writes for a record, dated by the record's time. */
+function recordCommit(emptyTree: string, record: OwnerRecord): string {
+  const signature = `${RECORD_AUTHOR} ${Math.floor(record.time / 1000)} +0000`;
+  return `tree ${emptyTree}\nauthor ${signature}\ncommitter ${signature}\n\n${formatRecord(record)}`;
 }

@@ -162,14 +162,14 @@ export function privateGit(gitDir: string, indexFile: string, author: Author, en
   return gitIn(gitDir, { GIT_DIR: gitDir, GIT_INDEX_FILE: indexFile, ...authorEnv(author), ...env });
 }
 
-/** Writes blobs through files in a scratch directory: simple-git gives no stdin, and hash-object takes many files in one process. */
-async function writeBlobs(git: SimpleGit, scratch: string, texts: string[]): Promise<string[]> {
+/** Writes objects through files in a scratch directory: simple-git gives no stdin, and hash-object takes many files in one process. */
+export async function writeObjects(git: SimpleGit, scratch: string, type: "blob" | "commit", texts: string[]): Promise<string[]> {
   const oids: string[] = [];
   for (const [n, batch] of chunks(texts).entries()) {
-    const files = batch.map((_, j) => path.join(scratch, `listing-${n * ARGV_BATCH + j}`));
+    const files = batch.map((_, j) => path.join(scratch, `object-${n * ARGV_BATCH + j}`));
     await Promise.all(files.map((f, j) => fs.writeFile(f, batch[j]!, { mode: 0o600 })));
-    const out = (await runGit(git, ["hash-object", "-w", "--no-filters", "--", ...files])).split("\n").filter((l) => l !== "");
-    if (out.length !== files.length) throw new Error(`git hash-object wrote ${out.length} object(s) for ${files.length} listing(s)`);
+    const out = (await runGit(git, ["hash-object", "-w", "-t", type, "--no-filters", "--", ...files])).split("\n").filter((l) => l !== "");
+    if (out.length !== files.length) throw new Error(`git hash-object wrote ${out.length} object(s) for ${files.length} file(s)`);
     oids.push(...out);
   }
   return oids;
@@ -192,9 +192,10 @@ export async function writeMetadataCommit(gitDir: string, indexFile: string, aut
   await fs.mkdir(near, { recursive: true });
   const scratch = await fs.mkdtemp(path.join(near, ".metadata-"));
   try {
-    const oids = await writeBlobs(
+    const oids = await writeObjects(
       git,
       scratch,
+      "blob",
       writes.map((w) => w.text),
     );
     // The index is the caller's own and rebuilt from base: a lock left by a crash is stale.

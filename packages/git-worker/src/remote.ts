@@ -53,14 +53,16 @@ const REF_MOVED = /\[rejected\]|non-fast-forward|fetch first|\(stale info\)|atom
 export type PushResult = { outcome: "pushed" } | { outcome: "rejected"; message: string } | { outcome: "failed"; message: string };
 
 /**
- * One ref's compare-and-swap in a push: it moves from `expected` (the node's
- * view, `seen`; "" for a ref that must not exist) to `next` ("" deletes it).
+ * One ref's compare-and-swap in a push: it moves from `expected` ("" for a
+ * ref that must not exist) to `next` ("" deletes it). `seen` is the node's
+ * view of the ref, which takes `next` once it landed; an owner ref has none,
+ * its MountLease keeps what it wrote.
  */
 export interface RefUpdate {
   ref: string;
   expected: string;
   next: string;
-  seen: string;
+  seen?: string;
 }
 
 /**
@@ -86,7 +88,7 @@ export async function pushUpdates(repo: SimpleGit, updates: RefUpdate[]): Promis
     if (REF_MOVED.test(message)) return { outcome: "rejected", message };
     return { outcome: "failed", message };
   }
-  for (const u of updates) await runGit(repo, u.next === "" ? ["update-ref", "-d", u.seen] : ["update-ref", u.seen, u.next]);
+  for (const u of updates) if (u.seen) await runGit(repo, u.next === "" ? ["update-ref", "-d", u.seen] : ["update-ref", u.seen, u.next]);
   return { outcome: "pushed" };
 }
 
@@ -128,6 +130,35 @@ export async function fetchOwner(repo: SimpleGit, volumeId: string): Promise<str
     await runGit(repo, ["update-ref", "-d", seen]).catch(() => undefined);
   }
   return revParse(repo, seen);
+}
+
+/**
+ * Where the remote's owner refs of these volumes are now, and their records
+ * fetched into the node's views: one ls-remote, then one fetch of the refs
+ * that exist (a fetch of one missing ref would fail them all). "" for none.
+ */
+export async function fetchOwners(repo: SimpleGit, volumeIds: string[]): Promise<Map<string, string>> {
+  const listed = await runGit(repo, ["ls-remote", "origin", ...volumeIds.map(ownerRef)]).catch((err: unknown) => {
+    throw new RemoteError(`ls-remote of the owner refs failed: ${gitMessage(err)}`);
+  });
+  const oids = new Map<string, string>(volumeIds.map((id) => [id, ""]));
+  for (const line of listed.split("\n")) {
+    const [oid, ref] = line.split("\t");
+    const id = volumeIds.find((v) => ownerRef(v) === ref);
+    if (id !== undefined && oid) oids.set(id, oid);
+  }
+  const present = volumeIds.filter((id) => oids.get(id) !== "");
+  if (present.length > 0) {
+    await fetch(
+      repo,
+      present.map((id) => `+${ownerRef(id)}:${upstreamOwnerRef(id)}`),
+    ).catch((err: unknown) => {
+      throw new RemoteError(`fetch of the owner refs failed: ${gitMessage(err)}`);
+    });
+    // A ref may have moved again between the listing and the fetch: the fetched record is the one to decide on.
+    for (const id of present) oids.set(id, await revParse(repo, upstreamOwnerRef(id)));
+  }
+  return oids;
 }
 
 /** Deletes a branch the node last saw on the remote, with the volume's fence. */

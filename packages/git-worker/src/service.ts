@@ -1,4 +1,5 @@
 import { randomUUID } from "node:crypto";
+import { status } from "@grpc/grpc-js";
 import type { KeyedSerial } from "@git-csi/config";
 import type { Logger } from "@git-csi/logging";
 import type { DriverMetrics } from "@git-csi/metrics";
@@ -6,6 +7,7 @@ import { failedPrecondition, gitWorker, notFound, required, unary } from "@git-c
 import type { CredentialBroker } from "./broker";
 import { removeTree } from "./gc";
 import { claimMount, dropPrepared, type Prepared, prepareVolume } from "./prepare";
+import { type RenewalMember, renewMounts } from "./renewal";
 import type { Store } from "./store";
 import type { VolumeSync } from "./sync";
 import type { EventSink } from "./volume";
@@ -69,18 +71,7 @@ export function gitWorkerService(deps: GitWorkerDeps): gitWorker.GitWorkerServer
       return syncOf(required(request.volumeId, "volume_id")).flush();
     }),
 
-    renewMount: unary("renew_mount", logger, async (request: gitWorker.RenewMountRequest) => {
-      const sync = syncOf(required(request.volumeId, "volume_id"));
-      const epoch = required(request.epoch, "epoch");
-      if (sync.epoch !== epoch)
-        return {
-          held: false,
-          serveUntilUnixMs: 0,
-          refusal: gitWorker.LeaseRefusal.LEASE_REFUSAL_SUPERSEDED,
-          message: `this node serves volume ${request.volumeId} with a later mount epoch than the one renewing`,
-        };
-      return sync.renewMount();
-    }),
+    renewMounts: unary("renew_mount", logger, (request: gitWorker.RenewMountsRequest) => renewMounts(request, (volumeId, epoch) => memberOf(syncs, volumeId, epoch))),
 
     releaseMount: unary("release_mount", logger, async (request: gitWorker.ReleaseMountRequest) => {
       const volumeId = required(request.volumeId, "volume_id");
@@ -106,4 +97,13 @@ export function gitWorkerService(deps: GitWorkerDeps): gitWorker.GitWorkerServer
 
     getReport: unary("report", logger, async (request: gitWorker.GetReportRequest) => syncOf(required(request.volumeId, "volume_id")).report()),
   };
+}
+
+/** The staged volume a renewal asks for, or the answer when there is nothing to renew. */
+function memberOf(syncs: Syncs, volumeId: string, epoch: string): RenewalMember | gitWorker.RenewedMount {
+  const sync = syncs.get(volumeId);
+  if (!sync) return { volumeId, code: status.NOT_FOUND, error: `volume ${volumeId} is not staged on this node` };
+  if (sync.epoch === epoch) return sync.renewalMember();
+  const message = `this node serves volume ${volumeId} with a later mount epoch than the one renewing`;
+  return { volumeId, lease: { held: false, serveUntilUnixMs: 0, refusal: gitWorker.LeaseRefusal.LEASE_REFUSAL_SUPERSEDED, message }, code: status.OK, error: "" };
 }

@@ -8,6 +8,7 @@ import { fingerprint } from "./credential";
 import type { MountLease } from "./lease";
 import { VolumePush } from "./push";
 import { POD_STOPPED, type SyncOutcome } from "./push-decisions";
+import type { RenewalMember } from "./renewal";
 import { VolumeReporter } from "./report";
 import { SyncScheduler, systemClock } from "./schedule";
 import type { PreparedTree } from "./stage";
@@ -70,12 +71,16 @@ export class VolumeSync {
     this.watchLease();
   }
 
-  async renewMount(): Promise<gitWorker.MountLease> {
-    try {
-      return await this.s.lease.renew((operation) => this.s.remote(operation));
-    } finally {
-      this.watchLease();
-    }
+  /** What a batch renewal needs of the volume (renewal.ts). */
+  renewalMember(): RenewalMember {
+    const s = this.s;
+    return {
+      lease: s.lease,
+      key: `${s.ctx.source.url}\n${s.access.identity}`,
+      remote: (operation) => s.remote(operation),
+      local: s.repo,
+      renewed: () => this.watchLease(),
+    };
   }
 
   /** The abnormal gauge turns when the lease runs out or is lost, even if nothing else happens to the volume then. */

@@ -80,9 +80,11 @@ async function main(): Promise<void> {
     .catch((err: Error) => logger.error(`the Kubernetes watch did not start: ${err.message}`, { operation: "watch_volumes" }));
   const server = await serveUnix(flags.listen!, [{ definition: mountOwner.MountOwnerService, implementation: owner.service }]);
   const workerWatch = owner.watchWorker(WORKER_WATCH_MS);
+  const renewals = owner.renewLeases();
   // Mounts stay when this process stops: the keeper holds their connections for the next mount owner.
   logLifecycle(logger, async () => {
     clearInterval(workerWatch);
+    clearInterval(renewals);
     clearInterval(keepTelling);
     await classWatch?.stop();
     metricsServer?.close();

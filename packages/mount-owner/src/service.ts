@@ -30,6 +30,8 @@ export interface MountOwner {
    * epoch is checked; true when it holds the volume, false when it serves only EIO.
    */
   resume(volumeId: string, serve: (paths: StagedPaths, fence: EpochFence) => Promise<StagedMount>, lost?: string): Promise<boolean>;
+  /** renew_mount of every staged volume's epoch, every renewal interval (renewals.ts). */
+  renewLeases(): NodeJS.Timeout;
 }
 
 /**
@@ -45,6 +47,7 @@ export function createMountOwner(deps: MountOwnerDeps): MountOwner {
   return {
     service: mountOwnerService(owner),
     watchWorker: (intervalMs) => owner.link.watch(intervalMs, owner.perVolume),
+    renewLeases: () => owner.link.renewLeases(),
     applyWatched: (volumeId, watched) => applyWatched(owner, volumeId, watched),
     removeVolumesDeletedWhileDown: (existing) => removeVolumesDeletedWhileDown(owner, existing),
     resume: (volumeId, serve, lost) => resume(owner, volumeId, serve, lost),

@@ -13,7 +13,6 @@ export interface LiveSession {
   serveUntil: number;
   /** Why the epoch no longer holds the volume; once set, the mount never serves again. */
   lost?: string;
-  renewal: NodeJS.Timeout;
 }
 
 /** The mount sessions this process serves, by volume id, and how an epoch loses its volume. */
@@ -43,8 +42,6 @@ export class MountSessions {
 
   /** The session ends here: no renewal follows. */
   end(volumeId: string): void {
-    const session = this.live.get(volumeId);
-    if (session) clearInterval(session.renewal);
     this.live.delete(volumeId);
   }
 
@@ -63,7 +60,6 @@ export class MountSessions {
     if (session.lost) return;
     session.lost = why;
     session.mount.fence();
-    clearInterval(session.renewal);
     this.logger.error(`the mount epoch no longer holds the volume: ${why}. Every read and write of its mount fails with EIO until the volume is unpublished and unstaged on this node`, {
       volume: volumeId,
       operation: "epoch_lost",

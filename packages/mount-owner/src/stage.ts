@@ -104,11 +104,10 @@ async function serve(owner: Owner, volumeId: string, stagingPath: string, tree: 
 }
 
 /** A live session for the epoch, its mount served by `mount` and its lease renewed from now on. */
-export async function startSession(owner: Owner, volumeId: string, begun: Omit<LiveSession, "mount" | "renewal">, mount: (fence: EpochFence) => Promise<StagedMount>): Promise<LiveSession> {
+export async function startSession(owner: Owner, volumeId: string, begun: Omit<LiveSession, "mount">, mount: (fence: EpochFence) => Promise<StagedMount>): Promise<LiveSession> {
   const started: LiveSession = {
     ...begun,
     mount: { unmount: async () => undefined, serveUntil: () => undefined, fence: () => undefined },
-    renewal: owner.link.startRenewal(volumeId, begun.epoch),
   };
   owner.sessions.add(volumeId, started);
   try {

@@ -1,7 +1,8 @@
 import type { KeyedSerial } from "@git-csi/config";
 import { status } from "@grpc/grpc-js";
-import { call, type CsiError, type gitcsi, gitWorker, unavailable } from "@git-csi/protos";
+import { call, CsiError, type gitcsi, gitWorker, unavailable } from "@git-csi/protos";
 import type { MountOwnerDeps } from "./context";
+import { renewEvery } from "./renewals";
 import { epochLost, type LiveSession, type MountSessions } from "./sessions";
 import type { VolumeRecord } from "./state";
 
@@ -52,34 +53,25 @@ export class WorkerLink {
     return { ...tree, ...claimed };
   }
 
-  /** renew_mount every renewal interval, for as long as the session lives. */
-  startRenewal(volumeId: string, epoch: string): NodeJS.Timeout {
-    return setInterval(() => void this.renew(volumeId, epoch), this.deps.lease.renewMs);
-  }
-
-  /** renew_mount, through the git worker that holds the credential. */
-  private async renew(volumeId: string, epoch: string): Promise<void> {
-    const session = this.sessions.get(volumeId);
-    if (!session || session.epoch !== epoch || session.lost) return;
-    if (Date.now() >= session.serveUntil) return this.sessions.lose(volumeId, session, "the lease ran out unrenewed");
-    try {
-      const lease = await call(this.worker.renewMount.bind(this.worker), { volumeId, epoch }, this.deps.lease.renewMs);
-      this.sessions.applyLease(volumeId, session, lease);
-    } catch (err) {
-      // A worker that restarted gets the volume back from watch; a remote that is away may answer the next time.
-      this.deps.logger.warn(`renew_mount failed; the mount serves until ${new Date(session.serveUntil).toISOString()} unless a renewal succeeds: ${(err as Error).message}`, {
-        volume: volumeId,
-        operation: "renew_mount",
-      });
-    }
+  /** renew_mount of every session's epoch, in one call per renewal interval (renewals.ts). */
+  renewLeases(): NodeJS.Timeout {
+    return renewEvery({
+      worker: this.worker,
+      logger: this.deps.logger,
+      intervalMs: this.deps.lease.renewMs,
+      sessions: () => this.sessions.entries(),
+      apply: (volumeId, session: LiveSession, lease) => this.sessions.applyLease(volumeId, session, lease),
+      ranOut: (volumeId, session: LiveSession) => this.sessions.lose(volumeId, session, "the lease ran out unrenewed"),
+    });
   }
 
   /** renew_mount now; a git worker that restarted too and does not know the volume is handed it with the same epoch. */
   async renewNow(record: VolumeRecord, epoch: string): Promise<gitWorker.MountLease | undefined> {
-    return call(this.worker.renewMount.bind(this.worker), { volumeId: record.volumeId, epoch }, this.deps.lease.renewMs).catch(async (err: CsiError) => {
-      if (err.code !== status.NOT_FOUND) throw err;
-      return (await this.claim(record, epoch, undefined, true)).lease;
-    });
+    const { mounts } = await call(this.worker.renewMounts.bind(this.worker), { mounts: [{ volumeId: record.volumeId, epoch }] }, this.deps.lease.renewMs);
+    const [renewed] = mounts;
+    if (renewed?.lease) return renewed.lease;
+    if (renewed?.code === status.NOT_FOUND) return (await this.claim(record, epoch, undefined, true)).lease;
+    throw new CsiError(renewed?.code || status.UNKNOWN, `renew_mount of volume ${record.volumeId}: ${renewed?.error ?? "the git worker answered no renewal"}`);
   }
 
   /** release_mount with spec 000's budget; local cleanup never waits on a worker or remote that is gone. */
