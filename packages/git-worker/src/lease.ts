@@ -19,7 +19,7 @@ import * as fs from "node:fs/promises";
 import * as os from "node:os";
 import * as path from "node:path";
 import { writeObjects } from "./metadata-plumbing";
-import { type Fence, fetchOwner, type PushResult, pushUpdates, RemoteError } from "./remote";
+import { type Fence, fetchOwner, type PushResult, pushUpdates, RemoteError, stageObjects } from "./remote";
 import { ownerRef } from "./store";
 import { runGit } from "./git";
 
@@ -123,15 +123,21 @@ export class MountLease {
   /**
    * Runs a push of the volume together with the owner ref's renewal, in one
    * atomic push: it lands only while this epoch still holds the volume.
-   * Throws LeaseLost once the epoch expired or was superseded.
+   * Throws LeaseLost once the epoch expired or was superseded. The objects of
+   * `sends`, when there is much to send, go ahead to staging refs first,
+   * outside the lease's steps: the fenced push then only moves refs, so a
+   * transfer longer than the lease never holds back its renewals.
    */
-  fenced(remote: OnRemote, push: (fence: Fence) => Promise<PushResult>): Promise<PushResult> {
+  async fenced(remote: OnRemote, push: (fence: Fence) => Promise<PushResult>, sends: string[] = []): Promise<PushResult> {
+    if (this.lost) throw new LeaseLost(this.lost);
+    const staged = await remote((repo) => stageObjects(repo, this.holder.volumeId, sends));
+    if (!Array.isArray(staged)) return staged;
     return this.step(async () => {
       if (this.lost) throw new LeaseLost(this.lost);
       const decision = decideRenew(this.record, this.holder, Date.now());
       if (!("write" in decision)) throw this.lose(decision);
       const next = await this.commitRecord(decision.write);
-      const result = await push({ ref: ownerRef(this.holder.volumeId), expected: this.oid, next });
+      const result = await push([{ ref: ownerRef(this.holder.volumeId), expected: this.oid, next }, ...staged]);
       if (result.outcome === "pushed") {
         this.took(next, decision.write);
       } else if (result.outcome === "rejected") {

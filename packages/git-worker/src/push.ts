@@ -60,7 +60,7 @@ export class VolumePush {
     const head = await revParse(s.tree, "HEAD");
     let candidate = head;
     for (let attempt = 0; commitsToPush(s.unpushed, s.refDeleted); attempt++) {
-      const result = await s.fenced((repo, fence) => pushCommit(repo, candidate, s.pushBranch, fence));
+      const result = await s.fenced((repo, fence) => pushCommit(repo, candidate, s.pushBranch, fence), [candidate]);
       const next = afterPush(result, attempt, s.onSideBranch ? s.sideBranch : undefined);
       if (next.step === "landed") {
         if (candidate !== head) await this.upstream.takeRebased(head, candidate);
@@ -101,7 +101,7 @@ export class VolumePush {
         author: s.policy!.author,
         tree: s.tree,
       });
-      const result = commit === base ? ({ outcome: "pushed" } as const) : await s.fenced((repo, fence) => pushMetadata(repo, commit, fence));
+      const result = commit === base ? ({ outcome: "pushed" } as const) : await s.fenced((repo, fence) => pushMetadata(repo, commit, fence), [commit]);
       const next = afterMetadataPush(result, attempt);
       if (next === "done") {
         for (const p of recorded) s.metadataChanged.delete(p);

@@ -1,6 +1,6 @@
 import type { SimpleGit } from "simple-git";
 import { METADATA_REF } from "@git-csi/config";
-import { ownerRef, UPSTREAM_METADATA, upstreamOwnerRef, upstreamRef } from "./store";
+import { ownerRef, UPSTREAM_METADATA, UPSTREAM_PREFIX, upstreamOwnerRef, upstreamRef } from "./store";
 import { isAncestor, revParse } from "./tree";
 import { gitMessage, runGit } from "./git";
 
@@ -66,11 +66,39 @@ export interface RefUpdate {
 }
 
 /**
- * The owner ref's renewal that goes with every push of a volume (spec 000's
- * fencing): the push is atomic, so it lands only while the ref still holds
- * the record the pusher last wrote.
+ * What goes with every push of a volume: the owner ref's renewal (spec 000's
+ * fencing; the push is atomic, so it lands only while the ref still holds the
+ * record the pusher last wrote), and the deletion of the staging refs its
+ * objects went ahead to.
  */
-export type Fence = RefUpdate;
+export type Fence = RefUpdate[];
+
+/** Over this many bytes to send, a push sends its objects ahead of the fenced update. */
+export const STAGE_BYTES = 1024 * 1024;
+
+/** Where a volume's objects wait on the remote between the push that sends them and the fenced push that uses them. */
+export function stagingRef(volumeId: string, n: number): string {
+  return `refs/git-csi/staging/${volumeId}/${n}`;
+}
+
+/**
+ * Sends the objects of these commits the remote lacks (by the node's view of
+ * it) to the volume's staging refs, unfenced, when they are more than
+ * STAGE_BYTES: staging refs are no data, so a stale epoch writing them lands
+ * nothing. Answers the staging refs' deletions, each a compare-and-swap, for
+ * the fenced push to carry: they go with it or not at all.
+ */
+export async function stageObjects(repo: SimpleGit, volumeId: string, commits: string[]): Promise<RefUpdate[] | PushResult> {
+  if (commits.length === 0) return [];
+  const unsent = await runGit(repo, ["rev-list", "--objects", "--disk-usage", ...commits, "--not", `--glob=${UPSTREAM_PREFIX}`]);
+  if (Number(unsent.trim()) <= STAGE_BYTES) return [];
+  try {
+    await runGit(repo, ["push", "--porcelain", "--force", "origin", ...commits.map((c, n) => `${c}:${stagingRef(volumeId, n)}`)]);
+  } catch (err) {
+    return { outcome: "failed", message: `sending the objects ahead failed: ${gitMessage(err)}` };
+  }
+  return commits.map((c, n) => ({ ref: stagingRef(volumeId, n), expected: c, next: "" }));
+}
 
 /**
  * Pushes the updates in one atomic push, each a compare-and-swap. A ref that
@@ -105,7 +133,7 @@ async function pushRef(repo: SimpleGit, commit: string, ref: string, seen: strin
   if (expected !== "" && !(await isAncestor(repo, expected, commit))) {
     return { outcome: "rejected", message: `${ref} holds ${expected.slice(0, 12)}, which ${commit.slice(0, 12)} does not contain` };
   }
-  return pushUpdates(repo, [{ ref, expected, next: commit, seen }, fence]);
+  return pushUpdates(repo, [{ ref, expected, next: commit, seen }, ...fence]);
 }
 
 export function pushCommit(repo: SimpleGit, commit: string, branch: string, fence: Fence): Promise<PushResult> {
@@ -166,5 +194,5 @@ export async function deleteBranch(repo: SimpleGit, branch: string, fence: Fence
   const seen = upstreamRef(branch);
   const expected = await revParse(repo, seen);
   if (expected === "") return { outcome: "pushed" };
-  return pushUpdates(repo, [{ ref: `refs/heads/${branch}`, expected, next: "", seen }, fence]);
+  return pushUpdates(repo, [{ ref: `refs/heads/${branch}`, expected, next: "", seen }, ...fence]);
 }

@@ -131,11 +131,12 @@ export class VolumeState {
     return this.access.run((options) => operation(this.ctx.store.repo(this.ctx.source.url, options)));
   }
 
-  /** A push of the volume with the owner ref's renewal: it lands only while the epoch holds the volume. */
-  fenced(push: (repo: SimpleGit, fence: Fence) => Promise<PushResult>): Promise<PushResult> {
+  /** A push of the volume with the owner ref's renewal: it lands only while the epoch holds the volume. `sends`: the commits it sends. */
+  fenced(push: (repo: SimpleGit, fence: Fence) => Promise<PushResult>, sends: string[] = []): Promise<PushResult> {
     return this.lease.fenced(
       (operation) => this.remote(operation),
       (fence) => this.remote((repo) => push(repo, fence)),
+      sends,
     );
   }
 

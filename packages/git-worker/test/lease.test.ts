@@ -1,4 +1,5 @@
 import assert from "node:assert/strict";
+import * as crypto from "node:crypto";
 import * as fs from "node:fs/promises";
 import * as os from "node:os";
 import * as path from "node:path";
@@ -8,7 +9,8 @@ import { RemoteAccess } from "../src/access";
 import { CredentialBroker } from "../src/broker";
 import { LeaseLost, MountLease, type OnRemote } from "../src/lease";
 import { formatRecord, type Holder, type OwnerRecord, parseRecord } from "../src/ownership";
-import { type Fence, fetchBranch, pushCommit, type PushResult } from "../src/remote";
+import { type Fence, fetchBranch, pushCommit, type PushResult, STAGE_BYTES, stagingRef } from "../src/remote";
+import { renewTogether } from "../src/renewal";
 import { prepareTree } from "../src/stage";
 import { ownerRef, Store } from "../src/store";
 import { AUTHOR, gitAt, type ServedRemote, servedRemote, tempDir } from "./remote";
@@ -91,10 +93,14 @@ async function stagedNode(t: TestContext, name: string, remote: Remote): Promise
       return (await tree.raw(["rev-parse", "HEAD"])).trim();
     },
     push: (lease, commit, capture) =>
-      lease.fenced(viaAccess, (fence) => {
-        capture?.(fence);
-        return viaAccess((repo) => pushCommit(repo, commit, "main", fence));
-      }),
+      lease.fenced(
+        viaAccess,
+        (fence) => {
+          capture?.(fence);
+          return viaAccess((repo) => pushCommit(repo, commit, "main", fence));
+        },
+        [commit],
+      ),
   };
 }
 
@@ -162,7 +168,7 @@ test("a released epoch pushes nothing: the lease refuses it, and so does the rem
   const fences: Fence[] = [];
   const c1 = await a.commit("one");
   assert.deepEqual(await a.push(lease, c1, (fence) => fences.push(fence)), { outcome: "pushed" });
-  const lastFence = fences.at(-1)!;
+  const lastFence = fences.at(-1)![0]!;
   assert.equal(remote.owner(), lastFence.next);
 
   assert.equal(await lease.release(a.remote), true);
@@ -180,7 +186,7 @@ test("a released epoch pushes nothing: the lease refuses it, and so does the rem
   // before the release. The release moved the owner ref, so the atomic push is rejected whole.
   const now = Date.now();
   const renewal = recordCommit(a.store.repoDir(remote.url), { volumeId: VOLUME, node: "node-a", epoch: "ea", accessMode: "ReadWriteOnce", time: now, expires: now + LEASE_MS, released: false });
-  const stale: Fence = { ...lastFence, expected: lastFence.next, next: renewal };
+  const stale: Fence = [{ ...lastFence, expected: lastFence.next, next: renewal }];
   const result = await a.remote((repo) => pushCommit(repo, c2, "main", stale));
   assert.equal(result.outcome, "rejected");
   assert.deepEqual(remote.refs(), before);
@@ -229,4 +235,39 @@ test("a restarted worker's epoch continues while the record names it, and is sup
   await assert.rejects(a.push(again, c2), LeaseLost);
   assert.deepEqual(remote.refs(), before);
   assert.equal(remote.main(), cb);
+});
+
+test("a push with much to send sends it ahead outside the lease: a renewal during the transfer lands, and the fenced push only moves refs", async (t) => {
+  const remote = await remoteRepo(t);
+  const a = await stagedNode(t, "node-a", remote);
+  const lease = a.lease(holder("node-a", "ea"));
+  assert.equal((await lease.claim(a.remote)).held, true);
+  // The remote logs each push's refs; a push that brings over a MiB takes it 3 s, a transfer longer than the renewal's wait.
+  const log = path.join(path.dirname(remote.dir), "pushes.log");
+  const hook = `#!/bin/sh\nawk '{printf "%s ", $3} END {print ""}' >> '${log}'\n[ "$(du -sk "$GIT_QUARANTINE_PATH" | cut -f1)" -gt 1024 ] && sleep 3\nexit 0\n`;
+  await fs.writeFile(path.join(remote.dir, "hooks", "pre-receive"), hook, { mode: 0o755 });
+  const pushes = async () =>
+    (await fs.readFile(log, "utf8").catch(() => ""))
+      .split("\n")
+      .filter(Boolean)
+      .map((l) => l.trim().split(" "));
+  await fs.writeFile(path.join(a.store.treeDir(VOLUME), "large.bin"), crypto.randomBytes(2 * STAGE_BYTES));
+  const large = await a.commit("small");
+  const first = remote.main();
+
+  const pushing = a.push(lease, large);
+  while ((await pushes()).length === 0) await new Promise((r) => setTimeout(r, 50));
+  const ownerBefore = remote.owner();
+  const started = Date.now();
+  await renewTogether([lease], a.remote, a.store.repo(remote.url), 1_000);
+  assert.ok(Date.now() - started < 3_000, "the renewal did not wait for the transfer");
+  assert.notEqual(remote.owner(), ownerBefore, "the renewal landed during the transfer");
+  assert.equal(remote.main(), first, "main has not moved yet");
+
+  assert.deepEqual(await pushing, { outcome: "pushed" });
+  assert.equal(remote.main(), large);
+  assert.equal(remote.record().epoch, "ea");
+  const received = (await pushes()).map((refs) => refs.sort());
+  assert.deepEqual(received, [[stagingRef(VOLUME, 0)], [ownerRef(VOLUME)], [ownerRef(VOLUME), stagingRef(VOLUME, 0), "refs/heads/main"]]);
+  assert.ok(![...remote.refs().keys()].some((ref) => ref.startsWith("refs/git-csi/staging/")), "the fenced push deleted the staging ref");
 });

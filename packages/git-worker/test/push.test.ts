@@ -20,7 +20,7 @@ test("a ref that moves on the server between the client's check and the server's
   await fs.writeFile(hook, `#!/bin/sh\ncat >/dev/null\nenv -u GIT_QUARANTINE_PATH -u GIT_OBJECT_DIRECTORY -u GIT_ALTERNATE_OBJECT_DIRECTORIES git update-ref refs/heads/main ${racer}\n`, {
     mode: 0o755,
   });
-  const fence = { ref: ownerRef("vol"), expected: "", next: ours, seen: upstreamOwnerRef("vol") };
+  const fence = [{ ref: ownerRef("vol"), expected: "", next: ours, seen: upstreamOwnerRef("vol") }];
   const result = await pushCommit(repo, ours, "main", fence);
   assert.equal(result.outcome, "rejected", "message" in result ? result.message : "");
   assert.match("message" in result ? result.message : "", /cannot lock ref 'refs\/heads\/main'/);
