@@ -194,7 +194,7 @@ const timer = setInterval(() => {
 }, 200);
 `;
 
-test("helm upgrade with a new csi-frontend image while the example writes: no mount-owner pod is replaced, no mount ends", { skip }, async () => {
+test("helm upgrade with a new csi-frontend image while the example writes: no mount-owner pod is replaced, no write fails", { skip }, async () => {
   const refs = chartImageRefs();
   const upgraded = `${refs.csiFrontend.slice(0, refs.csiFrontend.lastIndexOf(":"))}:upgrade`;
   await cluster!.importImages([await driverImage("csi-frontend", upgraded, path.join(dir, "upgrade"))]);
@@ -221,12 +221,11 @@ test("helm upgrade with a new csi-frontend image while the example writes: no mo
     120_000,
   );
   const [, ok, failed] = /done ok=(\d+) failed=(\d+)/.exec(log)!.map(Number) as [number, number, number];
-  // The mount-owner is a DaemonSet of its own: replacing the node plugin pods never ends a mount. The git
-  // worker restarts without the Secret until the kubelet's next publish; with this test's 20 s lease the
-  // epoch may lapse meanwhile, and the writes then fail EIO (spec 000), never ENOTCONN.
+  // The mount-owner is a DaemonSet of its own: replacing the node plugin pods never ends a mount, and the
+  // restarted git worker gets the Secret the mount owner kept, so the lease is renewed throughout.
   console.log(`helm upgrade: ${ok} writes succeeded, ${failed} failed`);
   assert.ok(ok > 0, `the writer wrote: ${log}`);
-  assert.doesNotMatch(log, /ENOTCONN/, "the mount was never ended");
+  assert.equal(failed, 0, `no write failed during the upgrade: ${log}`);
   // A restarted application is staged and published anew: every write that succeeded is pushed.
   await kubectl("rollout", "restart", "deployment/homeassistant", "-n", "home");
   await kubectl("rollout", "status", "deployment/homeassistant", "-n", "home", "--timeout=180s");

@@ -29,6 +29,22 @@ const sleep = (ms: number) => new Promise((resolve) => setTimeout(resolve, ms));
 const QUIET = { "push.quiesce": "1s", "push.maxLatency": "1h" };
 const LEASE = { duration: "12s", renewInterval: "3s" };
 
+/**
+ * The first half of a whole driver's restart, as an upgrade of every image
+ * does: the mount owner keeps the FUSE connection but forgets the Secret, so
+ * it has none to give a git worker that restarts after it.
+ */
+async function restartMountOwner(driver: Driver): Promise<void> {
+  const served = () =>
+    driver
+      .logs()
+      .split("\n")
+      .filter((l) => l.includes("the FUSE connection serves again")).length;
+  const before = served();
+  process.kill(await driver.pid("mount-owner"), "SIGKILL");
+  await waitFor("the restarted mount owner serving the kept connection", async () => served() > before, 30_000);
+}
+
 describe("the credential", () => {
   let ssh: SshGitServer;
   let http: HttpGitServer;
@@ -184,8 +200,8 @@ describe("the credential", () => {
     const agents = async () => (await sh(`pgrep -f 'ssh-agent -D -a ${driver.stateDir}/sockets/agent-' || true`)).split("\n").filter(Boolean);
     const before = await agents();
     assert.ok(before.length > 0, "the volume's key is in an ssh-agent");
-    const pid = await driver.pid("git-worker");
-    process.kill(pid, "SIGKILL");
+    await restartMountOwner(driver);
+    process.kill(await driver.pid("git-worker"), "SIGKILL");
     await waitFor("the volume to wait for its credential", async () => (await report(driver, volume.volumeId)).abnormal.some((a) => a.startsWith("waits for its credential")));
     // The killed worker could not end its agents; the new one does, so no key outlives its worker.
     await waitFor("the orphaned agents ended", async () => (await agents()).every((p) => !before.includes(p)));
@@ -210,7 +226,7 @@ describe("the credential", () => {
     assert.equal(await remoteFile(ssh, repo, "waiting.txt"), "waiting");
   });
 
-  test("a git worker restarted without the Secret: the next publish's Secret claims the lease, and the mount serves on from that claim", async () => {
+  test("a driver restarted without the Secret: the next publish's Secret claims the lease, and the mount serves on from that claim", async () => {
     // Renewals every half lease: the renewal after the restart fails for want of the Secret, and the
     // next comes after the mount's serving window; only the claim the publish makes keeps it serving.
     const lease = { durationMs: 20_000, renewMs: 10_000 };
@@ -222,6 +238,8 @@ describe("the credential", () => {
       const secret = sshSecret("second");
       // Unarmed until after the restart: no push renews the owner ref, so a new record is the mount owner's renewal.
       const volume = await stageAndPublish(node, created, undefined, `cred-${n}`, { stage: secret, publish: secret });
+      // A mount owner restarted since the stage holds no Secret to give the git worker that restarts below.
+      await restartMountOwner(node);
       const ownerRecord = () => ssh.git(repo, "rev-parse", `refs/git-csi/owner/${volume.volumeId}`);
       const first = await ownerRecord();
       await waitFor("a renewal", async () => (await ownerRecord()) !== first, lease.durationMs);

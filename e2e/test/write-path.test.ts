@@ -9,7 +9,6 @@ import {
   metricsText,
   metricValue,
   modifyVolume,
-  publish,
   type PublishedVolume,
   reasons,
   report,
@@ -202,16 +201,7 @@ for (const transport of TRANSPORTS)
           }
         });
         await sh(`echo down > '${volume.targetPath}/while-down.txt'`);
-        if (Object.keys(secret).length > 0) {
-          // A restarted worker holds no credential, and says so, until the kubelet's next publish brings the Secret.
-          const waiting = await waitFor("the volume to wait for its credential", async () => {
-            const r = await report(driver, volume.volumeId);
-            return r.abnormal.some((a) => a.startsWith("waits for its credential")) && r;
-          });
-          assert.ok(waiting.waitingFor.includes("its credential, from the next publish"));
-          assert.equal(metricValue(await metricsText(driver), "git_csi_volume_abnormal", volume.volumeId), 1);
-          await publish(driver, volume, secret);
-        }
+        // With a Secret too: the mount owner hands the restarted worker the Secret it kept, without a publish.
         await waitFor("the write pushed after the restart", () => remoteFile(server, repo, "main", "while-down.txt"), 20_000).catch((err) => {
           console.error(
             driver

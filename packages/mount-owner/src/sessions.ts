@@ -1,6 +1,6 @@
 import type { Logger } from "@git-csi/logging";
 import type { OperationMetrics } from "@git-csi/metrics";
-import { type CsiError, failedPrecondition, gitWorker } from "@git-csi/protos";
+import { type CsiError, failedPrecondition, type gitcsi, gitWorker } from "@git-csi/protos";
 import type { StagedMount } from "./context";
 
 /** A staged volume's FUSE session, its mount epoch, and the git worker instance that watches its tree. */
@@ -13,6 +13,17 @@ export interface LiveSession {
   serveUntil: number;
   /** Why the epoch no longer holds the volume; once set, the mount never serves again. */
   lost?: string;
+  /**
+   * The Secret the git worker last accepted for the volume, in this process's
+   * memory only: a worker that restarts gets it back at once instead of
+   * waiting for the kubelet's next publish.
+   */
+  credential?: gitcsi.Credential;
+}
+
+/** A Secret with key material, or nothing: a publish without a Secret keeps the one the worker holds. */
+export function withMaterial(credential: gitcsi.Credential | undefined): gitcsi.Credential | undefined {
+  return Object.keys(credential?.data ?? {}).length > 0 ? credential : undefined;
 }
 
 /** The mount sessions this process serves, by volume id, and how an epoch loses its volume. */

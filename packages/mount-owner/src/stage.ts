@@ -4,7 +4,7 @@ import type { Owner, StagedMount } from "./context";
 import type { EpochFence } from "./fuse/binding";
 import { fuseSource, readMountTable, unmountAll } from "./mounts";
 import { newSession, readSession, removeSession, type SessionRecord, writeSession } from "./session";
-import { epochLost, type LiveSession } from "./sessions";
+import { epochLost, type LiveSession, withMaterial } from "./sessions";
 import { checkIdentity, type VolumeRecord } from "./state";
 import { applyVolumeMountGroup } from "./volume-group";
 import type { ClaimedTree } from "./worker-link";
@@ -30,7 +30,7 @@ export async function stage(owner: Owner, request: mountOwner.StageVolumeRequest
   const record: VolumeRecord = { ...planned, generation: session.generation, treePath: tree.treePath, volumeMountGroup: request.volumeMountGroup || undefined };
   if (record.volumeMountGroup) await applyGroup(owner, volumeId, tree.treePath, record.volumeMountGroup);
   await owner.state.recordStaged(record);
-  await serve(owner, volumeId, stagingPath, tree, session.epoch);
+  await serve(owner, volumeId, stagingPath, tree, session.epoch, request.credential);
   // Durable before the stage reports success.
   if (!session.completed) await writeSession(stagingPath, { ...session, completed: true });
   owner.logger.info("staged", { volume: volumeId, operation: "stage", reused: tree.reused, head: tree.head });
@@ -60,7 +60,7 @@ async function plannedRecord(owner: Owner, request: mountOwner.StageVolumeReques
     volumeClass,
     claim: watched?.claim ?? existing?.claim,
     reclaimPolicy: watched?.reclaimPolicy ?? existing?.reclaimPolicy,
-    credentialExpected: Object.keys(request.credential?.data ?? {}).length > 0,
+    credentialExpected: withMaterial(request.credential) !== undefined,
     generation,
   };
 }
@@ -95,11 +95,11 @@ async function applyGroup(owner: Owner, volumeId: string, treePath: string, grou
 }
 
 /** The FUSE session at the staging path, renewed from now on; a mount that fails leaves no session. */
-async function serve(owner: Owner, volumeId: string, stagingPath: string, tree: ClaimedTree, epoch: string): Promise<void> {
+async function serve(owner: Owner, volumeId: string, stagingPath: string, tree: ClaimedTree, epoch: string, credential: gitcsi.Credential | undefined): Promise<void> {
   // A mount a dead mount owner left behind answers ENOTCONN; it goes before the new session.
   await unmountAll(stagingPath);
   await fs.mkdir(stagingPath, { recursive: true });
-  const begun = { stagingPath, workerInstance: tree.workerInstance, epoch, serveUntil: tree.lease!.serveUntilUnixMs };
+  const begun = { stagingPath, workerInstance: tree.workerInstance, epoch, serveUntil: tree.lease!.serveUntilUnixMs, credential: withMaterial(credential) };
   await startSession(owner, volumeId, begun, (fence) => owner.deps.mountTree(volumeId, tree.treePath, stagingPath, fence));
 }
 
@@ -145,7 +145,8 @@ export async function unstage(owner: Owner, request: mountOwner.UnstageVolumeReq
   if (remaining.length > 0) throw failedPrecondition(`volume ${volumeId} is still mounted at ${remaining.join(", ")}; its ownership stays until every mount is gone`);
   if (live) owner.sessions.end(volumeId);
   const epoch = live?.epoch ?? persisted?.epoch ?? "";
-  if (record?.stagingPath !== undefined) await owner.link.commitBeforeLeaving(record, epoch);
+  // A lost epoch pushes nothing: its commit stays in the node's tree, with or without the Secret.
+  if (record?.stagingPath !== undefined) await owner.link.commitBeforeLeaving(record, epoch, live?.lost ? undefined : live?.credential);
   await owner.link.release(volumeId, epoch);
   await removeSession(stagingPath);
   await owner.state.recordUnstaged(volumeId);

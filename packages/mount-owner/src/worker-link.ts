@@ -3,7 +3,7 @@ import { status } from "@grpc/grpc-js";
 import { call, CsiError, type gitcsi, gitWorker, unavailable } from "@git-csi/protos";
 import type { MountOwnerDeps } from "./context";
 import { renewEvery } from "./renewals";
-import { epochLost, type LiveSession, type MountSessions } from "./sessions";
+import { epochLost, type LiveSession, type MountSessions, withMaterial } from "./sessions";
 import type { VolumeRecord } from "./state";
 
 const WORKER_TIMEOUT_MS = 5 * 60_000;
@@ -94,13 +94,13 @@ export class WorkerLink {
    * handed the volume first. A commit that fails, or a worker that does not
    * answer, fails the unstage, and the kubelet retries it.
    */
-  async commitBeforeLeaving(record: VolumeRecord, epoch: string): Promise<void> {
+  async commitBeforeLeaving(record: VolumeRecord, epoch: string, credential: gitcsi.Credential | undefined): Promise<void> {
     const { volumeId } = record;
     const flushNow = () => call(this.worker.flushVolume.bind(this.worker), { volumeId }, UNSTAGE_FLUSH_BUDGET_MS);
     try {
       const result = await flushNow().catch(async (err: CsiError) => {
         if (err.code !== status.NOT_FOUND || epoch === "") throw err;
-        await this.claim(record, epoch, undefined, true);
+        await this.claim(record, epoch, credential, true);
         return flushNow();
       });
       this.logFlush(volumeId, result);
@@ -115,7 +115,7 @@ export class WorkerLink {
     this.deps.logger.log(result.pushed ? "info" : "warn", result.pushed ? "flushed" : `flush did not push: ${result.message}`, { volume: volumeId, operation: "flush" });
   }
 
-  /** The staged volume to a git worker that restarted: the same epoch continues its lease, the events reach its pods. */
+  /** The staged volume to a git worker that restarted: the same epoch continues its lease with the Secret kept for it, the events reach its pods. */
   async handOver(volumeId: string, live: LiveSession, record: VolumeRecord, credential?: gitcsi.Credential): Promise<void> {
     const tree = await this.claim(record, live.epoch, credential, true);
     live.workerInstance = tree.workerInstance;
@@ -127,7 +127,8 @@ export class WorkerLink {
    * A publish's Secret. A worker that restarted since the stage knows nothing
    * of the volume yet: it is handed the volume with this Secret. A worker that
    * restarted without the Secret claims the lease with it now, and the mount
-   * serves on from that claim.
+   * serves on from that claim. The Secret the worker accepted is kept for the
+   * worker's next restart.
    */
   async setCredential(volumeId: string, live: LiveSession, record: VolumeRecord, credential: gitcsi.Credential | undefined): Promise<void> {
     const setCredential = () => call(this.worker.setCredential.bind(this.worker), { volumeId, credential }, WORKER_TIMEOUT_MS);
@@ -136,6 +137,7 @@ export class WorkerLink {
       await this.handOver(volumeId, live, record, credential);
       return setCredential();
     });
+    live.credential = withMaterial(credential) ?? live.credential;
     this.sessions.applyLease(volumeId, live, lease);
     if (live.lost) throw epochLost(volumeId, live.lost);
   }
@@ -188,7 +190,7 @@ export class WorkerLink {
       logger.warn("the git worker restarted; handing it the staged volume again", { volume: volumeId, operation: "worker_restart" });
       await perVolume.run(volumeId, async () => {
         const record = await state.volume(volumeId);
-        if (record) await this.handOver(volumeId, session, record);
+        if (record) await this.handOver(volumeId, session, record, session.credential);
       });
     }
   }
