@@ -148,6 +148,21 @@ describe("a mount owner restart keeps the mounts", () => {
     await unpublishAndUnstage(driver, published);
     assert.deepEqual(await mountsUnder(driver.dir), []);
   });
+
+  test("a descriptor keeper that restarted is told every connection again: a mount owner killed after it keeps the mount", async () => {
+    const published = await armedVolume("rekept");
+    const keeper = await driver.pid("fd-keeper");
+    process.kill(keeper, "SIGKILL");
+    await waitFor("a new keeper", async () => (await driver.pid("fd-keeper")) !== keeper, T);
+    await waitFor("the new keeper told every connection", async () => driver.logs().includes("the FUSE descriptor keeper restarted; telling it"), T);
+    const writer = startWriter(path.join(published.targetPath, "log.txt"));
+    await new Promise((r) => setTimeout(r, 500));
+    await restartOwner("SIGKILL", 1);
+    const written = await writer.stop();
+    assert.ok(written.errors.length <= 1, `at most one failed operation for the kill: ${written.errors.join("; ")}`);
+    await assertPushed("rekept", written);
+    await unpublishAndUnstage(driver, published);
+  });
 });
 
 describe("an epoch lost while the mount owner was away", () => {

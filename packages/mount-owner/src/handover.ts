@@ -7,7 +7,7 @@
 // once the epoch of each is checked (MountOwner.resume).
 import * as path from "node:path";
 import * as fs from "node:fs/promises";
-import { closeSync } from "node:fs";
+import { closeSync, statSync } from "node:fs";
 import { orAbsent } from "@git-csi/config";
 import type { Logger } from "@git-csi/logging";
 import type { OperationMetrics } from "@git-csi/metrics";
@@ -20,7 +20,7 @@ import { writeFileAtomic } from "./state";
 
 const INCARNATION_FILE = "mount-owner.incarnation";
 const LAST_INCARNATION = 65535;
-/** A keeper that restarted holds nothing: it is told every connection again this often. */
+/** How often the keeper's socket is looked at: a keeper that restarted holds nothing and is told every connection again. */
 export const KEEP_AGAIN_MS = 2000;
 /** How soon a resume whose epoch could not be checked (the git worker is not up yet) is tried again. */
 const RESUME_RETRY_MS = 500;
@@ -52,9 +52,26 @@ export interface HandoverDeps {
   leaseMs: number;
 }
 
+/**
+ * The keeper's socket as bound: a keeper that starts unlinks the old socket
+ * and binds a new one, so another identity is another keeper. Undefined when
+ * no keeper has bound it.
+ */
+export function keeperIdentity(socket: string): string | undefined {
+  try {
+    const bound = statSync(socket, { bigint: true });
+    return `${bound.dev}:${bound.ino}:${bound.birthtimeNs}:${bound.ctimeNs}`;
+  } catch (err) {
+    if ((err as NodeJS.ErrnoException).code === "ENOENT") return undefined;
+    throw err;
+  }
+}
+
 export class Handover {
   private readonly mounts = new Map<string, FuseMount>();
   private keeperAnswers = true;
+  /** The keeper that was last told every connection, by keeperIdentity. */
+  private toldKeeper: string | undefined;
 
   private constructor(private readonly deps: HandoverDeps) {}
 
@@ -77,11 +94,33 @@ export class Handover {
     for (const connection of this.take()) void this.resumeOne(owner, connection);
   }
 
-  /** Tells the keeper every connection again, for a keeper that restarted. */
+  /**
+   * Tells the keeper every connection again once it restarted (or stopped
+   * answering). Idle, this is one stat of its socket per interval, not one
+   * descriptor sent per mount: with hundreds of mounts that was most of the
+   * node's idle CPU.
+   */
   keepTelling(): NodeJS.Timeout {
     return setInterval(() => {
-      for (const [volumeId, mount] of this.mounts) this.tell(volumeId, mount);
+      const keeper = this.currentKeeper();
+      if (keeper === this.toldKeeper && this.keeperAnswers) return;
+      if (keeper !== undefined && this.toldKeeper !== undefined && keeper !== this.toldKeeper) {
+        this.deps.logger.info(`the FUSE descriptor keeper restarted; telling it the ${this.mounts.size} connection(s) again`, { operation: "fuse_keep", keeper: this.deps.keeperSocket });
+      }
+      let told = true;
+      for (const [volumeId, mount] of this.mounts) told = this.tell(volumeId, mount) && told;
+      this.toldKeeper = told ? keeper : undefined;
     }, KEEP_AGAIN_MS);
+  }
+
+  /** The keeper's identity, or undefined (and every connection told again next time) when its socket cannot be looked at. */
+  private currentKeeper(): string | undefined {
+    try {
+      return keeperIdentity(this.deps.keeperSocket);
+    } catch (err) {
+      this.deps.logger.warn(`the FUSE descriptor keeper's socket cannot be looked at: ${(err as Error).message}`, { operation: "fuse_keep", keeper: this.deps.keeperSocket });
+      return undefined;
+    }
   }
 
   /**
