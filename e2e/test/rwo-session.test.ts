@@ -422,6 +422,8 @@ describe("the .rwo-session record and the mount epoch: retries, expiry, cleanup,
     assert.equal(staged.completed, true);
 
     const oldPid = await driver.pid("mount-owner");
+    // The descriptor keeper dies with it: no process keeps the connection, so no restarted mount owner resumes it and renews its lease.
+    process.kill(await driver.pid("fd-keeper"), "SIGKILL");
     process.kill(oldPid, "SIGKILL");
     await waitFor("a new mount owner", async () => (await driver.pid("mount-owner").catch(() => oldPid)) !== oldPid);
     await waitFor("Probe ready", async () => (await call(driver.identity.probe.bind(driver.identity), {}, 1000)).ready);
