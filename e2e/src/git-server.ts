@@ -13,7 +13,7 @@
 
 import { spawn, type ChildProcess } from "node:child_process";
 import { readdirSync, readFileSync } from "node:fs";
-import { mkdtemp, mkdir, rm, writeFile } from "node:fs/promises";
+import { mkdtemp, mkdir, readFile, rm, writeFile } from "node:fs/promises";
 import * as net from "node:net";
 import * as os from "node:os";
 import * as path from "node:path";
@@ -454,4 +454,21 @@ exit 0
 `;
   await writeFile(hook, script, { mode: 0o755 });
   return () => rm(hook);
+}
+
+/**
+ * Logs each push the repository receives, as its refs, from its pre-receive
+ * hook: what a forge counts, over any transport. Returns the reader.
+ */
+export async function logPushes(server: Pick<GitServer, "repoPath">, repo: string): Promise<() => Promise<string[][]>> {
+  const dir = server.repoPath(repo);
+  const log = path.join(dir, "pushes.log");
+  await writeFile(log, "");
+  await mkdir(path.join(dir, "hooks"), { recursive: true });
+  await writeFile(path.join(dir, "hooks", "pre-receive"), `#!/bin/sh\nawk '{printf "%s ", $3} END {print ""}' >> '${log}'\n`, { mode: 0o755 });
+  return async () =>
+    (await readFile(log, "utf8"))
+      .split("\n")
+      .filter((line) => line.trim() !== "")
+      .map((line) => line.trim().split(" "));
 }

@@ -19,7 +19,7 @@ import {
   unpublishAndUnstage,
   waitFor,
 } from "../src/driver";
-import { type BareRepoOps, refusePushes, runGit, startGitDaemon } from "../src/git-server";
+import { type BareRepoOps, logPushes, refusePushes, runGit, startGitDaemon } from "../src/git-server";
 import { startHttpGitServer } from "../src/http-server";
 import { startSshGitServer } from "../src/ssh-server";
 
@@ -350,6 +350,7 @@ for (const transport of TRANSPORTS)
 
     test("restore: a new volume against the same URL replays modes, owners and empty directories from refs/git-csi/metadata", async () => {
       const { repo, volume } = await volumeOn();
+      const pushes = await logPushes(server, repo);
       await setVolumeClass(driver, volume.volumeId, FAST);
       const t = volume.targetPath;
       await sh(
@@ -362,6 +363,10 @@ for (const transport of TRANSPORTS)
       await waitFor("the metadata of secrets/api", async () => (await server.git(repo, "log", "-1", "-p", "refs/git-csi/metadata")).includes('"name":"api"'));
       const files = (await server.git(repo, "ls-tree", "-r", "--name-only", "main")).split("\n");
       assert.deepEqual(files.sort(), ["configuration.yaml", "run.sh", "secrets/api"], "metadata never appears in the branch's files");
+      // The commit and the record of its modes went in one atomic push, with the owner ref's renewal.
+      const together = (await pushes()).filter((refs) => refs.includes("refs/heads/main"));
+      assert.ok(together.length > 0, "a push moved main");
+      for (const refs of together) assert.deepEqual(refs.sort(), [`refs/git-csi/metadata`, `refs/git-csi/owner/${volume.volumeId}`, "refs/heads/main"]);
       await unpublishAndUnstage(driver, volume);
 
       const restored = await stageAndPublish(driver, await createVolume(driver, `restore-${n}`, server.url(repo)), undefined, `restore-${n}`, { stage: secret, publish: secret });

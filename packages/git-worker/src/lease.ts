@@ -19,7 +19,7 @@ import * as fs from "node:fs/promises";
 import * as os from "node:os";
 import * as path from "node:path";
 import { writeObjects } from "./metadata-plumbing";
-import { type Fence, fetchOwner, type PushResult, pushUpdates, RemoteError, stageObjects } from "./remote";
+import { type Fence, fetchOwner, type PushResult, pushUpdates, type RefChange, RemoteError, stageObjects } from "./remote";
 import { ownerRef } from "./store";
 import { runGit } from "./git";
 
@@ -124,11 +124,11 @@ export class MountLease {
    * Runs a push of the volume together with the owner ref's renewal, in one
    * atomic push: it lands only while this epoch still holds the volume.
    * Throws LeaseLost once the epoch expired or was superseded. The objects of
-   * `sends`, when there is much to send, go ahead to staging refs first,
+   * the changes it sends, when there are many, go ahead to staging refs first,
    * outside the lease's steps: the fenced push then only moves refs, so a
    * transfer longer than the lease never holds back its renewals.
    */
-  async fenced(remote: OnRemote, push: (fence: Fence) => Promise<PushResult>, sends: string[] = []): Promise<PushResult> {
+  async fenced(remote: OnRemote, push: (fence: Fence) => Promise<PushResult>, sends: RefChange[] = []): Promise<PushResult> {
     if (this.lost) throw new LeaseLost(this.lost);
     const staged = await remote((repo) => stageObjects(repo, this.holder.volumeId, sends));
     if (!Array.isArray(staged)) return staged;

@@ -47,10 +47,3 @@ export function afterPush(result: PushResult, attempt: number, sideBranch: strin
   if (attempt === REBASE_ATTEMPTS) return { step: "side-branch", why: `the push was still rejected after ${REBASE_ATTEMPTS} rebases` };
   return { step: "rebase" };
 }
-
-/** refs/git-csi/metadata is shared by the repository's volumes: a moved one is fetched and recorded again, a few times. */
-export function afterMetadataPush(result: PushResult, attempt: number): "done" | "give-up" | "record-again" {
-  if (result.outcome === "pushed") return "done";
-  if (result.outcome === "failed" || attempt === REBASE_ATTEMPTS) return "give-up";
-  return "record-again";
-}

@@ -1,8 +1,8 @@
 import * as path from "node:path";
 import { METADATA_REF, Reason } from "@git-csi/config";
 import { recordMetadata } from "./metadata-record";
-import { afterMetadataPush, afterPush, commitsToPush, somethingToPush, type SyncOutcome, withoutCredential } from "./push-decisions";
-import { fetchMetadata, pushCommit, pushMetadata, RemoteError } from "./remote";
+import { afterPush, commitsToPush, REBASE_ATTEMPTS, somethingToPush, type SyncOutcome, withoutCredential } from "./push-decisions";
+import { branchChange, fetchMetadata, metadataChange, pushChanges, RemoteError } from "./remote";
 import type { VolumeReporter } from "./report";
 import type { SyncScheduler } from "./schedule";
 import { UPSTREAM_METADATA } from "./store";
@@ -44,32 +44,46 @@ export class VolumePush {
     }
     if (s.onSideBranch) await this.upstream.tryToHeal();
     if (!somethingToPush(s.unpushed, s.refDeleted, s.metadataChanged.size)) return { pushed: true, message: "nothing to push" };
-    const failed = await this.pushCommits();
+    const failed = await this.pushChanges();
     if (failed) return failed;
-    await this.pushMetadata();
     return { pushed: true, message: `pushed to ${s.pushBranch}` };
   }
 
   /**
-   * Pushes the tree's HEAD, or its rebase onto a ref that moved. The rebased
-   * commit goes out straight from the scratch worktree; the pod's tree takes
-   * it once it landed. Answers the failure, or nothing once the commits landed.
+   * One atomic push of what the remote lacks, with the owner ref's renewal:
+   * the tree's HEAD, or its rebase onto a ref that moved, and the metadata
+   * record of the paths the watcher saw. A rejection that moved
+   * refs/git-csi/metadata (other volumes of the repository update it too)
+   * records again on top of it, a few times, then pushes the commits without
+   * it; one that moved the branch rebases. The rebased commit goes out
+   * straight from the scratch worktree; the pod's tree takes it once it
+   * landed. Answers the failure, or nothing once everything landed.
    */
-  private async pushCommits(): Promise<SyncOutcome | undefined> {
+  private async pushChanges(): Promise<SyncOutcome | undefined> {
     const s = this.s;
     const head = await revParse(s.tree, "HEAD");
     let candidate = head;
-    for (let attempt = 0; commitsToPush(s.unpushed, s.refDeleted); attempt++) {
-      const result = await s.fenced((repo, fence) => pushCommit(repo, candidate, s.pushBranch, fence), [candidate]);
-      const next = afterPush(result, attempt, s.onSideBranch ? s.sideBranch : undefined);
-      if (next.step === "landed") {
-        if (candidate !== head) await this.upstream.takeRebased(head, candidate);
-        this.pushed();
-        await this.upstream.refreshUnpushed();
+    let rebases = 0;
+    for (let recordings = 0; ;) {
+      const withCommits = commitsToPush(s.unpushed, s.refDeleted);
+      const metadata = recordings < REBASE_ATTEMPTS ? await this.recordMetadata() : undefined;
+      if (!withCommits && !metadata) return undefined;
+      const changes = [...(withCommits ? [branchChange(candidate, s.pushBranch)] : []), ...(metadata ? [metadataChange(metadata.commit)] : [])];
+      const result = await s.fenced((repo, fence) => pushChanges(repo, changes, fence), changes);
+      if (result.outcome === "pushed") {
+        for (const p of metadata?.recorded ?? []) s.metadataChanged.delete(p);
+        if (withCommits) await this.landed(head, candidate);
         return undefined;
       }
+      if (result.outcome === "failed") return this.pushFailed(result.message);
+      s.log("info", "the push was rejected: the remote moved", "push", { rebases, recordings, detail: result.message });
+      const metadataMoved = metadata !== undefined && (await s.remote((repo) => fetchMetadata(repo))) !== metadata.base;
+      if (metadataMoved || !withCommits) {
+        if (++recordings === REBASE_ATTEMPTS) s.log("warn", `${METADATA_REF} kept moving: it is not pushed now, and the next push records it again`, "metadata");
+        continue;
+      }
+      const next = afterPush(result, rebases++, s.onSideBranch ? s.sideBranch : undefined);
       if (next.step === "fail") return this.pushFailed(next.message);
-      s.log("info", "the push was rejected: the remote moved", "push", { attempt, detail: result.outcome === "rejected" ? result.message : "" });
       const rebased = next.step === "side-branch" ? next.why : await this.upstream.rebaseOntoUpstream(head);
       if (typeof rebased === "string") {
         await this.upstream.moveToSideBranch(rebased);
@@ -78,41 +92,37 @@ export class VolumePush {
         candidate = rebased.commit;
       }
     }
-    return undefined;
+  }
+
+  private async landed(head: string, candidate: string): Promise<void> {
+    if (candidate !== head) await this.upstream.takeRebased(head, candidate);
+    this.pushed();
+    await this.upstream.refreshUnpushed();
   }
 
   /**
-   * Records the modes, owners and empty directories of the paths the watcher
-   * saw on top of the remote's refs/git-csi/metadata, which other volumes of
-   * the repository update too: a refused compare-and-swap fetches and records again.
+   * The modes, owners and empty directories of the paths the watcher saw,
+   * recorded on the node's view of refs/git-csi/metadata: no fetch, the push's
+   * compare-and-swap tells when the remote moved. Undefined when it changes nothing.
    */
-  private async pushMetadata(): Promise<void> {
+  private async recordMetadata(): Promise<{ commit: string; base: string; recorded: string[] } | undefined> {
     const s = this.s;
-    for (let attempt = 0; s.metadataChanged.size > 0; attempt++) {
-      const recorded = [...s.metadataChanged];
-      const base = await revParse(s.repo, UPSTREAM_METADATA);
-      const commit = await recordMetadata({
-        repo: s.repo,
-        treeDir: s.treeDir,
-        branch: s.branch,
-        base,
-        changedPaths: recorded,
-        indexFile: path.join(s.volumeDir, "metadata.index"),
-        author: s.policy!.author,
-        tree: s.tree,
-      });
-      const result = commit === base ? ({ outcome: "pushed" } as const) : await s.fenced((repo, fence) => pushMetadata(repo, commit, fence), [commit]);
-      const next = afterMetadataPush(result, attempt);
-      if (next === "done") {
-        for (const p of recorded) s.metadataChanged.delete(p);
-        return;
-      }
-      if (next === "give-up") {
-        s.log("warn", `${METADATA_REF} was not pushed; the next push records it again: ${result.outcome === "pushed" ? "" : result.message}`, "metadata");
-        return;
-      }
-      await s.remote((repo) => fetchMetadata(repo));
-    }
+    if (s.metadataChanged.size === 0) return undefined;
+    const recorded = [...s.metadataChanged];
+    const base = await revParse(s.repo, UPSTREAM_METADATA);
+    const commit = await recordMetadata({
+      repo: s.repo,
+      treeDir: s.treeDir,
+      branch: s.branch,
+      base,
+      changedPaths: recorded,
+      indexFile: path.join(s.volumeDir, "metadata.index"),
+      author: s.policy!.author,
+      tree: s.tree,
+    });
+    if (commit !== base) return { commit, base, recorded };
+    for (const p of recorded) s.metadataChanged.delete(p);
+    return undefined;
   }
 
   private pushed(): void {

@@ -1,6 +1,6 @@
 import type { SimpleGit } from "simple-git";
 import { METADATA_REF } from "@git-csi/config";
-import { ownerRef, UPSTREAM_METADATA, UPSTREAM_PREFIX, upstreamOwnerRef, upstreamRef } from "./store";
+import { ownerRef, UPSTREAM_METADATA, upstreamOwnerRef, upstreamRef } from "./store";
 import { isAncestor, revParse } from "./tree";
 import { gitMessage, runGit } from "./git";
 
@@ -88,9 +88,11 @@ export function stagingRef(volumeId: string, n: number): string {
  * nothing. Answers the staging refs' deletions, each a compare-and-swap, for
  * the fenced push to carry: they go with it or not at all.
  */
-export async function stageObjects(repo: SimpleGit, volumeId: string, commits: string[]): Promise<RefUpdate[] | PushResult> {
-  if (commits.length === 0) return [];
-  const unsent = await runGit(repo, ["rev-list", "--objects", "--disk-usage", ...commits, "--not", `--glob=${UPSTREAM_PREFIX}`]);
+export async function stageObjects(repo: SimpleGit, volumeId: string, changes: RefChange[]): Promise<RefUpdate[] | PushResult> {
+  if (changes.length === 0) return [];
+  const commits = changes.map((c) => c.commit);
+  // Against what the node saw of the refs these commits go to: the walk stays with the change.
+  const unsent = await runGit(repo, ["rev-list", "--objects", "--disk-usage", "--ignore-missing", ...commits, "--not", ...changes.map((c) => c.seen)]);
   if (Number(unsent.trim()) <= STAGE_BYTES) return [];
   try {
     await runGit(repo, ["push", "--porcelain", "--force", "origin", ...commits.map((c, n) => `${c}:${stagingRef(volumeId, n)}`)]);
@@ -120,28 +122,42 @@ export async function pushUpdates(repo: SimpleGit, updates: RefUpdate[]): Promis
   return { outcome: "pushed" };
 }
 
+/** A commit for a ref, pushed as a compare-and-swap from `seen`: the node's ref holding its last view of `ref`. */
+export interface RefChange {
+  ref: string;
+  seen: string;
+  commit: string;
+}
+
+export function branchChange(commit: string, branch: string): RefChange {
+  return { ref: `refs/heads/${branch}`, seen: upstreamRef(branch), commit };
+}
+
+export function metadataChange(commit: string): RefChange {
+  return { ref: METADATA_REF, seen: UPSTREAM_METADATA, commit };
+}
+
 /**
- * Pushes a commit to a ref as a compare-and-swap from the commit the node last
- * saw there, with the volume's fence. `seen` is the node's ref holding its
- * last view of `ref`.
+ * Pushes commits to refs in one atomic push with the volume's fence, each a
+ * compare-and-swap from the commit the node last saw there.
  */
-async function pushRef(repo: SimpleGit, commit: string, ref: string, seen: string, fence: Fence): Promise<PushResult> {
-  const expected = await revParse(repo, seen);
-  // The lease alone would let a push replace commits it does not contain: volumes of one URL
-  // share the node's view of the remote, so another volume's push moves it. Only a commit
-  // that descends from what the remote holds is ever sent; anything else rebases first.
-  if (expected !== "" && !(await isAncestor(repo, expected, commit))) {
-    return { outcome: "rejected", message: `${ref} holds ${expected.slice(0, 12)}, which ${commit.slice(0, 12)} does not contain` };
+export async function pushChanges(repo: SimpleGit, changes: RefChange[], fence: Fence): Promise<PushResult> {
+  const updates: RefUpdate[] = [];
+  for (const { ref, seen, commit } of changes) {
+    const expected = await revParse(repo, seen);
+    // The lease alone would let a push replace commits it does not contain: volumes of one URL
+    // share the node's view of the remote, so another volume's push moves it. Only a commit
+    // that descends from what the remote holds is ever sent; anything else rebases first.
+    if (expected !== "" && !(await isAncestor(repo, expected, commit))) {
+      return { outcome: "rejected", message: `${ref} holds ${expected.slice(0, 12)}, which ${commit.slice(0, 12)} does not contain` };
+    }
+    updates.push({ ref, expected, next: commit, seen });
   }
-  return pushUpdates(repo, [{ ref, expected, next: commit, seen }, ...fence]);
+  return pushUpdates(repo, [...updates, ...fence]);
 }
 
 export function pushCommit(repo: SimpleGit, commit: string, branch: string, fence: Fence): Promise<PushResult> {
-  return pushRef(repo, commit, `refs/heads/${branch}`, upstreamRef(branch), fence);
-}
-
-export function pushMetadata(repo: SimpleGit, commit: string, fence: Fence): Promise<PushResult> {
-  return pushRef(repo, commit, METADATA_REF, UPSTREAM_METADATA, fence);
+  return pushChanges(repo, [branchChange(commit, branch)], fence);
 }
 
 /**

@@ -7,7 +7,7 @@ import type { SimpleGit } from "simple-git";
 import type { RemoteAccess } from "./access";
 import { authorEnv } from "./git";
 import type { MountLease } from "./lease";
-import type { Fence, PushResult } from "./remote";
+import type { Fence, PushResult, RefChange } from "./remote";
 import type { Store } from "./store";
 
 /** Where a volume's events go besides its report and the log: Kubernetes' recorder in a cluster. */
@@ -131,8 +131,8 @@ export class VolumeState {
     return this.access.run((options) => operation(this.ctx.store.repo(this.ctx.source.url, options)));
   }
 
-  /** A push of the volume with the owner ref's renewal: it lands only while the epoch holds the volume. `sends`: the commits it sends. */
-  fenced(push: (repo: SimpleGit, fence: Fence) => Promise<PushResult>, sends: string[] = []): Promise<PushResult> {
+  /** A push of the volume with the owner ref's renewal: it lands only while the epoch holds the volume. `sends`: the changes it sends. */
+  fenced(push: (repo: SimpleGit, fence: Fence) => Promise<PushResult>, sends: RefChange[] = []): Promise<PushResult> {
     return this.lease.fenced(
       (operation) => this.remote(operation),
       (fence) => this.remote((repo) => push(repo, fence)),

@@ -9,7 +9,7 @@ import { RemoteAccess } from "../src/access";
 import { CredentialBroker } from "../src/broker";
 import { LeaseLost, MountLease, type OnRemote } from "../src/lease";
 import { formatRecord, type Holder, type OwnerRecord, parseRecord } from "../src/ownership";
-import { type Fence, fetchBranch, pushCommit, type PushResult, STAGE_BYTES, stagingRef } from "../src/remote";
+import { branchChange, type Fence, fetchBranch, pushCommit, type PushResult, STAGE_BYTES, stagingRef } from "../src/remote";
 import { renewTogether } from "../src/renewal";
 import { prepareTree } from "../src/stage";
 import { ownerRef, Store } from "../src/store";
@@ -99,7 +99,7 @@ async function stagedNode(t: TestContext, name: string, remote: Remote): Promise
           capture?.(fence);
           return viaAccess((repo) => pushCommit(repo, commit, "main", fence));
         },
-        [commit],
+        [branchChange(commit, "main")],
       ),
   };
 }

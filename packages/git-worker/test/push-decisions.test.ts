@@ -1,6 +1,6 @@
 import assert from "node:assert/strict";
 import { test } from "node:test";
-import { afterMetadataPush, afterPush, commitsToPush, NO_CREDENTIAL, POD_STOPPED, REBASE_ATTEMPTS, somethingToPush, withoutCredential } from "../src/push-decisions";
+import { afterPush, commitsToPush, NO_CREDENTIAL, POD_STOPPED, REBASE_ATTEMPTS, somethingToPush, withoutCredential } from "../src/push-decisions";
 
 const rejected = { outcome: "rejected", message: "stale info" } as const;
 const failed = { outcome: "failed", message: "could not resolve host" } as const;
@@ -34,12 +34,4 @@ test("a rejected push rebases, and after REBASE_ATTEMPTS rebases moves to the si
 
 test("a rejected push to the side branch is a failure: someone else pushed there, and the volume cannot choose", () => {
   assert.deepEqual(afterPush(rejected, 0, "main-git-csi-v"), { step: "fail", message: "the side branch main-git-csi-v moved on the remote: stale info" });
-});
-
-test("the metadata ref is recorded again when another volume moved it, and given up after REBASE_ATTEMPTS or a failure", () => {
-  assert.equal(afterMetadataPush(pushed, 0), "done");
-  assert.equal(afterMetadataPush(rejected, 0), "record-again");
-  assert.equal(afterMetadataPush(rejected, REBASE_ATTEMPTS - 1), "record-again");
-  assert.equal(afterMetadataPush(rejected, REBASE_ATTEMPTS), "give-up");
-  assert.equal(afterMetadataPush(failed, 0), "give-up");
 });
