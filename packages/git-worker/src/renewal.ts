@@ -18,7 +18,7 @@ import { ownerRef } from "./store";
  * the fenced update of a push, which renews it too) before the others go
  * without it.
  */
-export const JOIN_BUDGET_MS = 5_000;
+const JOIN_BUDGET_MS = 5_000;
 
 /** What a batch renewal needs of one staged volume. */
 export interface RenewalMember {
@@ -40,7 +40,7 @@ export type FindMember = (volumeId: string, epoch: string) => RenewalMember | gi
  * lost its lease is answered with the refusal and left out of the push; a
  * remote that fails answers its volumes with the failure, never the others.
  */
-export async function renewMounts(request: gitWorker.RenewMountsRequest, find: FindMember, joinBudgetMs = JOIN_BUDGET_MS): Promise<gitWorker.RenewMountsResponse> {
+export async function renewMounts(request: gitWorker.RenewMountsRequest, find: FindMember): Promise<gitWorker.RenewMountsResponse> {
   // Every field is checked before anything is renewed.
   request.mounts.forEach((m, i) => {
     required(m.volumeId, `mounts[${i}].volume_id`);
@@ -56,7 +56,6 @@ export async function renewMounts(request: gitWorker.RenewMountsRequest, find: F
         members.map((m) => m.lease),
         members[0]!.remote,
         members[0]!.local,
-        joinBudgetMs,
       ).catch((err: unknown) => {
         const failure = asCsiError(err);
         const code = err instanceof RemoteError ? status.UNAVAILABLE : failure.code;

@@ -40,7 +40,7 @@ export function renewEvery<S extends RenewedSession>(deps: RenewalDeps<S>): Node
 }
 
 /** One round: each session's answer applied, or its failure logged while the mount serves on until its lease's end. */
-export async function renewOnce<S extends RenewedSession>(deps: RenewalDeps<S>): Promise<void> {
+async function renewOnce<S extends RenewedSession>(deps: RenewalDeps<S>): Promise<void> {
   const asked: [string, S][] = [];
   for (const [volumeId, session] of deps.sessions()) {
     if (session.lost) continue;
