@@ -1,12 +1,14 @@
-// make bench: two sections, in one run on this machine.
+// make bench: three sections, in one run on this machine.
 //
-//   node e2e/dist/src/bench.js [--quick] [--commit-only] [--out DIR]
+//   node e2e/dist/src/bench.js [--quick] [--commit-only | --scale-only] [--out DIR]
 //
 // 1. The driver's FUSE passthrough against a plain directory and against
-//    bindfs (skipped with --commit-only).
+//    bindfs (skipped with --commit-only or --scale-only).
 // 2. Commit cost: one changed file in a small and a large tree, committed and
 //    pushed by the driver, by hand with git on that one path, and by a full
-//    scan (git add --all); see "Section 2" below.
+//    scan (git add --all); see "Section 2" below (skipped with --scale-only).
+// 3. Scale: many volumes staged on one node, idle and then written once each
+//    (bench-scale.ts; skipped with --commit-only).
 //
 // Section 1 has three paths over the same kind of directory, all on one disk:
 //   direct  a plain directory beside the volume's work tree,
@@ -25,6 +27,7 @@ import * as path from "node:path";
 import { parseArgs } from "node:util";
 import { createVolume, type Driver, freePort, mountsUnder, type PublishedVolume, report, setVolumeClass, stageAndPublish, startDriver, unpublishAndUnstage } from "./driver";
 import { gitEnv, type GitServer, startGitDaemon } from "./git-server";
+import { runScale, type ScaleConfig, type ScaleSection, scaleMarkdown } from "./bench-scale";
 
 const REPO_ROOT = path.join(__dirname, "..", "..", "..");
 const DEFAULT_OUT = path.join(REPO_ROOT, "bench", "results");
@@ -45,6 +48,8 @@ const SQLITE_BATCH = 100;
 interface Config {
   quick: boolean;
   commitOnly: boolean;
+  scaleOnly: boolean;
+  scale: ScaleConfig;
   out: string;
   seqMiB: number;
   files: number;
@@ -75,13 +80,15 @@ const log = (text: string) => process.stderr.write(`${text}\n`);
 function parseConfig(argv: string[]): Config {
   const { values } = parseArgs({
     args: argv,
-    options: { quick: { type: "boolean", default: false }, "commit-only": { type: "boolean", default: false }, out: { type: "string" } },
+    options: { quick: { type: "boolean", default: false }, "commit-only": { type: "boolean", default: false }, "scale-only": { type: "boolean", default: false }, out: { type: "string" } },
     strict: true,
   });
   const quick = values.quick === true;
   return {
     quick,
     commitOnly: values["commit-only"] === true,
+    scaleOnly: values["scale-only"] === true,
+    scale: { volumes: quick ? 20 : 200, idleMs: quick ? 20_000 : 60_000 },
     out: path.resolve(values.out ?? DEFAULT_OUT),
     seqMiB: quick ? 64 : 1024,
     files: quick ? 1000 : 10_000,
@@ -476,6 +483,8 @@ async function runPassthrough(config: Config, dir: string, baseEnv: Record<strin
       ["stop the git server", async () => server?.stop()],
     ]);
     if (failed && driver) log(`driver logs (tail):\n${driver.logs().split("\n").slice(-40).join("\n")}`);
+    // The services' own account (with GIT_CSI_LOG_LEVEL=debug, every git command and its time): what to profile.
+    if (driver) await fs.writeFile(path.join(config.out, "commit-driver.log"), driver.logs());
   }
 }
 
@@ -834,6 +843,8 @@ async function runCommitCost(config: Config, dir: string, baseEnv: Record<string
       ["stop the git server", async () => server?.stop()],
     ]);
     if (failed && driver) log(`driver logs (tail):\n${driver.logs().split("\n").slice(-40).join("\n")}`);
+    // The services' own account (with GIT_CSI_LOG_LEVEL=debug, every git command and its time): what to profile.
+    if (driver) await fs.writeFile(path.join(config.out, "commit-driver.log"), driver.logs());
   }
 }
 
@@ -881,16 +892,26 @@ function commitMarkdown(section: CommitSection): string {
 
 // ---------------------------------------------------------------------------
 
-/** Section 1 from an earlier results.json, for a --commit-only run; older files held it at the top level. */
-async function previousPassthrough(out: string): Promise<PassthroughSection | undefined> {
+interface Results {
+  passthrough?: PassthroughSection;
+  commitCost?: CommitSection;
+  scale?: ScaleSection;
+}
+
+/** The sections of an earlier results.json, for a run of fewer sections; older files held section 1 at the top level. */
+async function previousResults(out: string): Promise<Results> {
   try {
-    const json = JSON.parse(await fs.readFile(path.join(out, "results.json"), "utf8")) as { passthrough?: PassthroughSection } & Partial<PassthroughSection>;
-    if (json.passthrough?.workloads) return json.passthrough;
-    if (json.workloads && json.config && json.environment && json.paths) return { config: json.config, environment: json.environment, paths: json.paths, workloads: json.workloads };
+    const json = JSON.parse(await fs.readFile(path.join(out, "results.json"), "utf8")) as Results & Partial<PassthroughSection>;
+    const passthrough = json.passthrough?.workloads
+      ? json.passthrough
+      : json.workloads && json.config && json.environment && json.paths
+        ? { config: json.config, environment: json.environment, paths: json.paths, workloads: json.workloads }
+        : undefined;
+    return { passthrough, commitCost: json.commitCost, scale: json.scale };
   } catch {
-    /* none, or unreadable: section 1 is left out */
+    /* none, or unreadable: the sections not run are left out */
   }
-  return undefined;
+  return {};
 }
 
 async function main(): Promise<void> {
@@ -904,24 +925,25 @@ async function main(): Promise<void> {
   const dir = await fs.mkdtemp(path.join(os.tmpdir(), "git-csi-bench-"));
 
   try {
-    log(`bench: ${config.quick ? "quick" : "full"} run${config.commitOnly ? ", commit cost only" : ""}; scratch ${dir}`);
+    log(`bench: ${config.quick ? "quick" : "full"} run${config.commitOnly ? ", commit cost only" : ""}${config.scaleOnly ? ", scale only" : ""}; scratch ${dir}`);
     const env = await environment(config);
-    let passthrough: PassthroughSection | undefined;
-    if (config.commitOnly) {
-      passthrough = await previousPassthrough(config.out);
-      if (passthrough) log(`keeping section 1 from ${String(passthrough.environment.date)} in ${path.join(config.out, "results.json")}`);
-    } else {
-      passthrough = await runPassthrough(config, path.join(dir, "passthrough"), env);
-    }
-    const commitCost = await runCommitCost(config, path.join(dir, "commit"), env);
+    const results = await previousResults(config.out);
+    const kept = (name: keyof Results) => results[name] && log(`keeping section ${name} from ${String(results[name].environment.date)} in ${path.join(config.out, "results.json")}`);
+    if (config.commitOnly || config.scaleOnly) kept("passthrough");
+    else results.passthrough = await runPassthrough(config, path.join(dir, "passthrough"), env);
+    if (config.scaleOnly) kept("commitCost");
+    else results.commitCost = await runCommitCost(config, path.join(dir, "commit"), env);
+    if (config.commitOnly) kept("scale");
+    else results.scale = await runScale(config.scale, path.join(dir, "scale"), env, log);
 
     const md = [
       "# git.liken.sh bench",
       "",
-      passthrough ? passthroughMarkdown(passthrough) : "## 1. The FUSE passthrough\n\nNot run: `node e2e/dist/src/bench.js` without --commit-only runs it.\n",
-      commitMarkdown(commitCost),
+      results.passthrough ? passthroughMarkdown(results.passthrough) : "## 1. The FUSE passthrough\n\nNot run: `node e2e/dist/src/bench.js` without --commit-only or --scale-only runs it.\n",
+      results.commitCost ? commitMarkdown(results.commitCost) : "## 2. Commit cost\n\nNot run: `node e2e/dist/src/bench.js` without --scale-only runs it.\n",
+      results.scale ? scaleMarkdown(results.scale) : "## 3. Many volumes on one node\n\nNot run: `node e2e/dist/src/bench.js` without --commit-only runs it.\n",
     ].join("\n");
-    await fs.writeFile(path.join(config.out, "results.json"), `${JSON.stringify({ ...(passthrough ? { passthrough } : {}), commitCost }, null, 2)}\n`);
+    await fs.writeFile(path.join(config.out, "results.json"), `${JSON.stringify(results, null, 2)}\n`);
     await fs.writeFile(path.join(config.out, "results.md"), md);
     log(`wrote ${path.join(config.out, "results.json")} and results.md`);
     process.stdout.write(`\n${md}`);

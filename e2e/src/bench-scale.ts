@@ -1,0 +1,218 @@
+// make bench, section 3: many volumes on one node.
+//
+// N volumes (200; 20 with --quick) are staged and published on one standalone
+// node, unarmed: half of them on one repository, the other half on another,
+// both served by one git daemon. Measured:
+//   - the RSS of the three services, with none staged and with all staged;
+//   - their CPU over a minute of idling (every volume renews its lease);
+//   - the stage time of a volume (stage + publish, one after the other);
+//   - the pushes each repository receives in that minute, counted by its
+//     pre-receive hook, as a forge would count them.
+// Then every volume is armed and one file is written in each: the time until
+// every remote ref moved, and the pushes received meanwhile.
+import * as fs from "node:fs/promises";
+import * as path from "node:path";
+import { createVolume, type Driver, freePort, type PublishedVolume, report, setVolumeClass, stageAndPublish, startDriver, unpublishAndUnstage } from "./driver";
+import { type GitServer, logPushes, startGitDaemon } from "./git-server";
+
+const SERVICES = ["csi-frontend", "mount-owner", "git-worker"] as const;
+type Service = (typeof SERVICES)[number];
+/** Before the idle minute: the last stage's work and first renewals settle. */
+const SETTLE_MS = 25_000;
+const REPOS = ["half-a.git", "half-b.git"];
+
+export interface ScaleConfig {
+  volumes: number;
+  idleMs: number;
+}
+
+export interface ScaleSection {
+  config: ScaleConfig & { repositories: number; leaseRenewMs: number };
+  environment: Record<string, unknown>;
+  /** MiB per service. */
+  rssNoneMiB: Record<Service, number>;
+  rssStagedMiB: Record<Service, number>;
+  rssAfterWritesMiB: Record<Service, number>;
+  /** Percent of one core over the idle minute, children (git) included. */
+  idleCpuPercent: Record<Service, number>;
+  stageMs: { samples: number[]; median: number; p90: number; first10Median: number; last10Median: number; totalS: number };
+  /** Per repository, in the order of REPOS. */
+  idlePushesPerMinute: number[];
+  writes: { allPushedS: number; pushes: number[] };
+}
+
+const sleep = (ms: number) => new Promise<void>((r) => setTimeout(r, ms));
+
+function median(values: number[]): number {
+  const s = [...values].sort((a, b) => a - b);
+  const mid = Math.floor(s.length / 2);
+  return s.length % 2 === 0 ? (s[mid - 1]! + s[mid]!) / 2 : s[mid]!;
+}
+
+function percentile(values: number[], p: number): number {
+  const s = [...values].sort((a, b) => a - b);
+  return s[Math.min(s.length - 1, Math.ceil((p / 100) * s.length) - 1)]!;
+}
+
+async function rssMiB(pid: number): Promise<number> {
+  const status = await fs.readFile(`/proc/${pid}/status`, "utf8");
+  const kb = Number(/^VmRSS:\s+(\d+) kB$/m.exec(status)?.[1]);
+  if (!Number.isFinite(kb)) throw new Error(`no VmRSS for pid ${pid}`);
+  return kb / 1024;
+}
+
+/** utime + stime of the process and of its children it waited for (the git worker's git), in clock ticks. */
+async function cpuTicks(pid: number): Promise<number> {
+  const stat = await fs.readFile(`/proc/${pid}/stat`, "utf8");
+  const fields = stat.slice(stat.lastIndexOf(")") + 2).split(" ");
+  // After the command: state is field 3, utime 14, stime 15, cutime 16, cstime 17.
+  return [11, 12, 13, 14].reduce((sum, i) => sum + Number(fields[i]), 0);
+}
+
+async function perService<T>(driver: Driver, measure: (pid: number) => Promise<T>): Promise<Record<Service, T>> {
+  const out = {} as Record<Service, T>;
+  for (const service of SERVICES) out[service] = await measure(await driver.pid(service));
+  return out;
+}
+
+async function allPushes(readers: Map<string, () => Promise<string[][]>>): Promise<Map<string, number>> {
+  return new Map(await Promise.all([...readers].map(async ([repo, read]) => [repo, (await read()).length] as const)));
+}
+
+function deltas(before: Map<string, number>, after: Map<string, number>): number[] {
+  return REPOS.map((repo) => after.get(repo)! - before.get(repo)!);
+}
+
+export async function runScale(config: ScaleConfig, dir: string, environment: Record<string, unknown>, log: (text: string) => void): Promise<ScaleSection> {
+  const repos = REPOS;
+  let server: GitServer | undefined;
+  let driver: Driver | undefined;
+  const volumes: PublishedVolume[] = [];
+  try {
+    log(`section 3, scale: ${config.volumes} volumes on one node, half of them on each of ${REPOS.length} repositories`);
+    await fs.mkdir(dir, { recursive: true });
+    server = await startGitDaemon();
+    const readers = new Map<string, () => Promise<string[][]>>();
+    for (const repo of repos) {
+      await server.createRepo(repo, { files: { "README.md": `${repo}\n` } });
+      readers.set(repo, await logPushes(server, repo));
+    }
+    driver = await startDriver({ dir, nodeId: "bench-scale", metricsPort: await freePort() });
+    await sleep(2000);
+    const rssNoneMiB = await perService(driver, rssMiB);
+
+    const stageSamples: number[] = [];
+    const stageStarted = Date.now();
+    for (let i = 0; i < config.volumes; i++) {
+      const repo = REPOS[i % REPOS.length]!;
+      const t = performance.now();
+      const created = await createVolume(driver, `scale-${i}`, server.url(repo));
+      volumes.push(await stageAndPublish(driver, created, undefined, `pod-${i}`));
+      stageSamples.push(performance.now() - t);
+      if ((i + 1) % 50 === 0) log(`  staged ${i + 1} volumes, the last in ${Math.round(stageSamples.at(-1)!)} ms`);
+    }
+    const totalS = (Date.now() - stageStarted) / 1000;
+
+    log(`  idle: ${SETTLE_MS / 1000} s to settle, then ${config.idleMs / 1000} s measured`);
+    await sleep(SETTLE_MS);
+    const cpuBefore = await perService(driver, cpuTicks);
+    const pushesBefore = await allPushes(readers);
+    const idleStarted = performance.now();
+    await sleep(config.idleMs);
+    const cpuAfter = await perService(driver, cpuTicks);
+    const pushesAfter = await allPushes(readers);
+    const idleMs = performance.now() - idleStarted;
+    const rssStagedMiB = await perService(driver, rssMiB);
+    const ticksPerSecond = 100;
+    const idleCpuPercent = Object.fromEntries(SERVICES.map((s) => [s, ((cpuAfter[s] - cpuBefore[s]) / ticksPerSecond / (idleMs / 1000)) * 100])) as Record<Service, number>;
+    const idle = deltas(pushesBefore, pushesAfter);
+    const perMinute = (n: number) => (n * 60_000) / idleMs;
+
+    log("  arming every volume and writing one file in each");
+    const beforeWrites = await allPushes(readers);
+    const writesStarted = performance.now();
+    for (const v of volumes) {
+      await setVolumeClass(driver, v.volumeId, { "push.quiesce": "1s", "push.maxLatency": "1m" }, "bench");
+      // A child process writes, as an application would: the bench itself makes no file call into a FUSE mount.
+      await driver.sh(`printf '%s\\n' '${v.volumeId}' > '${path.join(v.targetPath, `${v.volumeId}.txt`)}'`);
+    }
+    for (const v of volumes) {
+      for (let r = await report(driver, v.volumeId); r.pendingPaths.length > 0 || r.unpushedCommits > 0 || !r.armed; r = await report(driver, v.volumeId)) {
+        if (performance.now() - writesStarted > 15 * 60_000) throw new Error(`volume ${v.volumeId} did not push its file within 15 minutes`);
+        await sleep(200);
+      }
+    }
+    const allPushedS = (performance.now() - writesStarted) / 1000;
+    for (const [i, v] of volumes.entries()) {
+      const repo = REPOS[i % REPOS.length]!;
+      await server.git(repo, "cat-file", "-e", `refs/heads/main:${v.volumeId}.txt`).catch(() => {
+        throw new Error(`${repo} lacks the file written in ${v.volumeId}`);
+      });
+    }
+    const written = deltas(beforeWrites, await allPushes(readers));
+    const rssAfterWritesMiB = await perService(driver, rssMiB);
+
+    return {
+      config: { ...config, repositories: REPOS.length, leaseRenewMs: 20_000 },
+      environment: { ...environment, date: new Date().toISOString() },
+      rssNoneMiB,
+      rssStagedMiB,
+      rssAfterWritesMiB,
+      idleCpuPercent,
+      stageMs: {
+        samples: stageSamples,
+        median: median(stageSamples),
+        p90: percentile(stageSamples, 90),
+        first10Median: median(stageSamples.slice(0, 10)),
+        last10Median: median(stageSamples.slice(-10)),
+        totalS,
+      },
+      idlePushesPerMinute: idle.map(perMinute),
+      writes: { allPushedS, pushes: written },
+    };
+  } finally {
+    log("  cleaning up: unstaging every volume");
+    for (const v of volumes) await (driver ? unpublishAndUnstage(driver, v) : Promise.resolve()).catch((err: Error) => log(`  unstage ${v.volumeId}: ${err.message}`));
+    await driver?.stop();
+    await server?.stop();
+  }
+}
+
+export function scaleMarkdown(section: ScaleSection): string {
+  const { config, environment: env } = section;
+  const mib = (n: number) => n.toFixed(0);
+  const sum = (r: Record<Service, number>) => SERVICES.reduce((s, k) => s + r[k], 0);
+  const rssRow = (label: string, r: Record<Service, number>) => `| ${label} | ${SERVICES.map((s) => mib(r[s])).join(" | ")} | ${mib(sum(r))} |`;
+  const cpu = section.idleCpuPercent;
+  const stage = section.stageMs;
+  const idle = section.idlePushesPerMinute;
+  const w = section.writes;
+  return [
+    "## 3. Many volumes on one node",
+    "",
+    `${config.volumes} volumes staged and published one after the other on one standalone node, unarmed: half of them on each of ${config.repositories} repositories, over git:// to a git daemon on this machine. Leases renew every ${config.leaseRenewMs / 1000} s.`,
+    `${String(env.cpus)} CPUs, kernel ${String(env.kernel)}; commit ${String(env.commit).slice(0, 12)}${env.dirty ? " (dirty)" : ""}; ${String(env.date)}.`,
+    "",
+    `| RSS, MiB | ${SERVICES.join(" | ")} | together |`,
+    "|---|--:|--:|--:|--:|",
+    rssRow("none staged", section.rssNoneMiB),
+    rssRow(`${config.volumes} staged, idle`, section.rssStagedMiB),
+    rssRow("after one write in each", section.rssAfterWritesMiB),
+    "",
+    `| idle, ${config.volumes} staged, ${config.idleMs / 1000} s measured | value |`,
+    "|---|--:|",
+    ...SERVICES.map((s) => `| CPU of ${s} (with its children: the worker's git), % of one core | ${cpu[s].toFixed(2)} |`),
+    `| CPU of the three together, % of one core | ${sum(cpu).toFixed(2)} |`,
+    `| pushes per minute received by each repository (${config.volumes / config.repositories} volumes each) | ${idle.map((n) => n.toFixed(1)).join(", ")} |`,
+    "",
+    `| stage + publish of one volume | ms |`,
+    "|---|--:|",
+    `| median of ${stage.samples.length} | ${stage.median.toFixed(0)} |`,
+    `| 90th percentile | ${stage.p90.toFixed(0)} |`,
+    `| median of the first 10 / of the last 10 | ${stage.first10Median.toFixed(0)} / ${stage.last10Median.toFixed(0)} |`,
+    `| all ${stage.samples.length}, one after the other, s | ${stage.totalS.toFixed(1)} |`,
+    "",
+    `Then each volume was armed (push.quiesce 1s) and one file written in it: every volume had pushed ${w.allPushedS.toFixed(1)} s after the first write, and the repositories received ${w.pushes.join(" and ")} pushes (renewals included).`,
+    "",
+  ].join("\n");
+}
