@@ -96,9 +96,12 @@ export class VolumeCommitter {
   private async commit(trigger: string): Promise<void> {
     const asked = [...this.s.pending];
     if (asked.length === 0) return;
-    const tooLarge = await this.stage(asked);
+    const { tooLarge, bytes } = await this.stage(asked);
     const staged = await stagedPaths(this.s.tree);
-    if (staged.length > 0) await this.writeCommit(staged, trigger);
+    if (staged.length > 0) {
+      await this.writeCommit(staged, trigger);
+      this.s.unpushedBytes += bytes;
+    }
     this.noteSkipped(asked, tooLarge);
     for (const p of asked) this.s.pending.delete(p);
     // A commit on HEAD is one more the remote lacks: counting again would cost three git processes on the way to the push.
@@ -106,21 +109,27 @@ export class VolumeCommitter {
     else await this.refreshUnpushed();
   }
 
-  /** Stages what changed of these paths as they are now; the ones over commit.maxFileSize stay out. */
-  private async stage(asked: string[]): Promise<Map<string, number>> {
+  /**
+   * Stages what changed of these paths as they are now; the ones over
+   * commit.maxFileSize stay out. Answers those, and the bytes of the files staged.
+   */
+  private async stage(asked: string[]): Promise<{ tooLarge: Map<string, number>; bytes: number }> {
     const maxFileSize = this.s.policy!.maxFileSizeBytes;
     const pathspecFile = path.join(this.s.volumeDir, "pathspec");
     let tooLarge = new Map<string, number>();
+    let bytes = 0;
     await stageChanges(this.s.tree, pathspecFile, asked, async (changed) => {
       tooLarge = new Map();
+      bytes = 0;
       for (const status of changed) {
         // A file that vanished since git listed it is staged as whatever git sees: never too large.
         const stat = status.deleted ? undefined : await orAbsent(fs.lstat(path.join(this.s.treeDir, status.path)));
         if (stat?.isFile() && stat.size > maxFileSize) tooLarge.set(status.path, stat.size);
+        else bytes += stat?.size ?? 0;
       }
       return changed.filter((status) => !tooLarge.has(status.path)).map((status) => status.path);
     });
-    return tooLarge;
+    return { tooLarge, bytes };
   }
 
   /** Plumbing, not `git commit`: that re-checks every tracked file, and the cost must follow the change. */

@@ -2,7 +2,7 @@ import * as path from "node:path";
 import { METADATA_REF, Reason } from "@git-csi/config";
 import { recordMetadata } from "./metadata-record";
 import { afterPush, commitsToPush, REBASE_ATTEMPTS, somethingToPush, type SyncOutcome, withoutCredential } from "./push-decisions";
-import { branchChange, fetchMetadata, metadataChange, pushChanges, RemoteError } from "./remote";
+import { branchChange, fetchMetadata, metadataChange, pushChanges, RemoteError, STAGE_BYTES } from "./remote";
 import type { VolumeReporter } from "./report";
 import type { SyncScheduler } from "./schedule";
 import { UPSTREAM_METADATA } from "./store";
@@ -69,7 +69,9 @@ export class VolumePush {
       const metadata = recordings < REBASE_ATTEMPTS ? await this.recordMetadata() : undefined;
       if (!withCommits && !metadata) return undefined;
       const changes = [...(withCommits ? [branchChange(candidate, s.pushBranch)] : []), ...(metadata ? [metadataChange(metadata.commit)] : [])];
-      const result = await s.fenced((repo, fence) => pushChanges(repo, changes, fence), changes);
+      // Only a push that may be large asks git what it would send: that walk costs more than a small push saves.
+      const mayBeLarge = s.unpushedBytes > STAGE_BYTES || candidate !== head || metadata?.base === "";
+      const result = await s.fenced((repo, fence) => pushChanges(repo, changes, fence), mayBeLarge ? changes : []);
       if (result.outcome === "pushed") {
         for (const p of metadata?.recorded ?? []) s.metadataChanged.delete(p);
         if (withCommits) await this.landed(head, candidate);
@@ -132,6 +134,7 @@ export class VolumePush {
     // A push lands on top of upstream: whatever moved under the uncommitted writes is now in the tree's history.
     s.upstreamMovedOverWrites = false;
     s.unpushed = 0;
+    s.unpushedBytes = 0;
     this.report.emit(Reason.Pushed, "Normal", `pushed to ${s.pushBranch}`);
     this.scheduler.pushed(s.pending.size > 0);
     this.report.publishMetrics();

@@ -62,6 +62,12 @@ export class VolumeState {
   readonly skipped = new Map<string, number>();
   fullScan = false;
   unpushed = 0;
+  /**
+   * The bytes of the files committed since the last push, as the commits
+   * staged them: whether a push may be large enough to send its objects
+   * ahead. Unknown (infinite) for commits made before the worker started.
+   */
+  unpushedBytes = Number.POSITIVE_INFINITY;
   lastPushAt = 0;
   pushFailures = 0;
   lastPushError = "";
