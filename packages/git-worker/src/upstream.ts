@@ -30,6 +30,7 @@ export class VolumeUpstream {
     const head = await revParse(s.tree, "HEAD");
     const pushed = await revParse(s.repo, upstreamRef(s.pushBranch));
     s.unpushed = head === "" ? 0 : await countCommits(s.repo, pushed, head);
+    if (s.unpushed === 0) s.unpushedBytes = 0;
     if (s.unpushed === 0 && s.pending.size === 0) this.scheduler.caughtUp();
     this.report.publishMetrics();
   }
