@@ -46,9 +46,11 @@ function fetch(repo: SimpleGit, refspecs: string[]): Promise<string> {
 /**
  * git's words for a compare-and-swap that lost: refused by the client from
  * its view, or by the server, which found the ref moved since (a race the
- * client could not see: "cannot lock ref … is at X but expected Y").
+ * client could not see: "cannot lock ref … is at X but expected Y", or, for
+ * a ref the push creates, "reference already exists": two volumes making the
+ * repository's first refs/git-csi/metadata at once).
  */
-const REF_MOVED = /\[rejected\]|non-fast-forward|fetch first|\(stale info\)|atomic push failed|cannot lock ref '[^']+': is at [0-9a-f]+ but expected/;
+const REF_MOVED = /\[rejected\]|non-fast-forward|fetch first|\(stale info\)|atomic push failed|cannot lock ref '[^']+': (is at [0-9a-f]+ but expected|reference already exists)/;
 
 export type PushResult = { outcome: "pushed" } | { outcome: "rejected"; message: string } | { outcome: "failed"; message: string };
 
