@@ -2,7 +2,7 @@ import * as path from "node:path";
 import { METADATA_REF, Reason } from "@git-csi/config";
 import { recordMetadata } from "./metadata-record";
 import { afterPush, commitsToPush, REBASE_ATTEMPTS, somethingToPush, type SyncOutcome, withoutCredential } from "./push-decisions";
-import { branchChange, fetchMetadata, metadataChange, pushChanges, RemoteError, STAGE_BYTES } from "./remote";
+import { branchChange, metadataChange, pushChanges, RemoteError, STAGE_BYTES } from "./remote";
 import type { VolumeReporter } from "./report";
 import type { SyncScheduler } from "./schedule";
 import { UPSTREAM_METADATA } from "./store";
@@ -52,21 +52,21 @@ export class VolumePush {
   /**
    * One atomic push of what the remote lacks, with the owner ref's renewal:
    * the tree's HEAD, or its rebase onto a ref that moved, and the metadata
-   * record of the paths the watcher saw. A rejection that moved
-   * refs/git-csi/metadata (other volumes of the repository update it too)
-   * records again on top of it, a few times, then pushes the commits without
-   * it; one that moved the branch rebases. The rebased commit goes out
-   * straight from the scratch worktree; the pod's tree takes it once it
-   * landed. Answers the failure, or nothing once everything landed.
+   * record of the paths the watcher saw. A rejection fetches the branch and
+   * refs/git-csi/metadata once. Only a moved branch is a rebase, and counts
+   * toward the side branch; a moved metadata ref (other volumes of the
+   * repository record on it too) is recorded on again, a few times, then the
+   * commits go without it. The rebased commit goes out straight from the
+   * scratch worktree; the pod's tree takes it once it landed. Answers the
+   * failure, or nothing once everything landed.
    */
   private async pushChanges(): Promise<SyncOutcome | undefined> {
     const s = this.s;
     const head = await revParse(s.tree, "HEAD");
     let candidate = head;
-    let rebases = 0;
-    for (let recordings = 0; ;) {
+    let metadata = await this.recordMetadata();
+    for (let rebases = 0, retries = 0; ;) {
       const withCommits = commitsToPush(s.unpushed, s.refDeleted);
-      const metadata = recordings < REBASE_ATTEMPTS ? await this.recordMetadata() : undefined;
       if (!withCommits && !metadata) return undefined;
       const changes = [...(withCommits ? [branchChange(candidate, s.pushBranch)] : []), ...(metadata ? [metadataChange(metadata.commit)] : [])];
       // Only a push that may be large asks git what it would send: that walk costs more than a small push saves.
@@ -78,21 +78,27 @@ export class VolumePush {
         return undefined;
       }
       if (result.outcome === "failed") return this.pushFailed(result.message);
-      s.log("info", "the push was rejected: the remote moved", "push", { rebases, recordings, detail: result.message });
-      const metadataMoved = metadata !== undefined && (await s.remote((repo) => fetchMetadata(repo))) !== metadata.base;
-      if (metadataMoved || !withCommits) {
-        if (++recordings === REBASE_ATTEMPTS) s.log("warn", `${METADATA_REF} kept moving: it is not pushed now, and the next push records it again`, "metadata");
+      s.log("info", "the push was rejected: the remote moved", "push", { rebases, retries, detail: result.message });
+      const moved = await this.upstream.whatMoved(candidate, metadata?.base);
+      if (withCommits && moved.branch) {
+        const next = afterPush(result, rebases++, s.onSideBranch ? s.sideBranch : undefined);
+        if (next.step === "fail") return this.pushFailed(next.message);
+        const rebased = next.step === "side-branch" ? next.why : await this.upstream.rebaseOntoUpstream(head, moved.missing);
+        if (typeof rebased === "string") {
+          await this.upstream.moveToSideBranch(rebased);
+          candidate = head;
+        } else {
+          candidate = rebased.commit;
+        }
+      } else if (++retries >= REBASE_ATTEMPTS) {
+        // Nothing to rebase, yet rejected again and again: what moved is shared with other volumes, or the fence.
+        if (!metadata) return this.pushFailed(`the push was rejected ${retries} times though ${s.pushBranch} did not move: ${result.message}`);
+        s.log("warn", `${METADATA_REF} kept moving: it is not pushed now, and the next push records it again`, "metadata");
+        metadata = undefined;
         continue;
       }
-      const next = afterPush(result, rebases++, s.onSideBranch ? s.sideBranch : undefined);
-      if (next.step === "fail") return this.pushFailed(next.message);
-      const rebased = next.step === "side-branch" ? next.why : await this.upstream.rebaseOntoUpstream(head);
-      if (typeof rebased === "string") {
-        await this.upstream.moveToSideBranch(rebased);
-        candidate = head;
-      } else {
-        candidate = rebased.commit;
-      }
+      // A record on a metadata ref that did not move goes again as it is: recording costs git processes between the fetch and the push.
+      if (metadata && moved.metadata) metadata = await this.recordMetadata();
     }
   }
 

@@ -8,7 +8,7 @@ import { deleteBranch, fetchBranch, fetchMetadata } from "./remote";
 import type { VolumeReporter } from "./report";
 import type { SyncScheduler } from "./schedule";
 import { type PreparedTree, volumeBranchRef } from "./stage";
-import { upstreamRef } from "./store";
+import { UPSTREAM_METADATA, upstreamRef } from "./store";
 import { canMoveTree, countCommits, isAncestor, moveTree, revParse, statusOf } from "./tree";
 import type { VolumeState } from "./volume";
 
@@ -102,19 +102,38 @@ export class VolumeUpstream {
   }
 
   /**
-   * Fetches the ref and rebases the tree's commits onto it in the scratch
-   * worktree, beside the pod's tree; then moves the pod's tree to the result
-   * in one step. Returns why it could not, for the side branch's message.
+   * After a rejected push, one fetch tells what moved: the branch, and
+   * refs/git-csi/metadata, which every volume of the repository records on.
+   * The branch moved when it holds a commit `candidate` lacks, or is gone;
+   * then a rebase is due. The side branch is the volume's own and is never
+   * rebased: there, a rejection the metadata ref does not explain is the
+   * branch's. `metadataBase`: where the push's record was made, if it had one.
    */
-  async rebaseOntoUpstream(head: string): Promise<{ commit: string } | string> {
+  async whatMoved(candidate: string, metadataBase: string | undefined): Promise<{ branch: boolean; metadata: boolean; missing: boolean }> {
     const s = this.s;
-    if ((await s.remote((repo) => fetchBranch(repo, s.branch, true))) === "missing") {
+    const metadataMoved = async () => metadataBase !== undefined && (await revParse(s.repo, UPSTREAM_METADATA)) !== metadataBase;
+    if (s.onSideBranch) {
+      await s.remote((repo) => fetchMetadata(repo));
+      const metadata = await metadataMoved();
+      return { branch: !metadata, metadata, missing: false };
+    }
+    const missing = (await s.remote((repo) => fetchBranch(repo, s.branch, true))) === "missing";
+    const branch = missing || !(await isAncestor(s.repo, await revParse(s.repo, upstreamRef(s.branch)), candidate));
+    return { branch, metadata: await metadataMoved(), missing };
+  }
+
+  /**
+   * Rebases the tree's commits onto the ref whatMoved just fetched, in the
+   * scratch worktree beside the pod's tree; the pod's tree moves to the
+   * result once it landed. Returns why it could not, for the side branch's message.
+   */
+  async rebaseOntoUpstream(head: string, missing: boolean): Promise<{ commit: string } | string> {
+    const s = this.s;
+    if (missing) {
       this.noteRefDeleted();
       return `${s.branch} was deleted upstream`;
     }
     const upstream = await revParse(s.repo, upstreamRef(s.branch));
-    // Only the metadata ref moved (another volume of the repository pushed): nothing to rebase.
-    if (await isAncestor(s.repo, upstream, head)) return { commit: head };
     const rebased = await this.rebaseInScratch(head, upstream);
     if (rebased === undefined) return `rebasing onto ${s.branch} conflicted and was aborted`;
     if (!(await canMoveTree(s.tree, head, rebased))) return "a file the application changed since the last commit was also changed upstream";

@@ -139,6 +139,28 @@ async function race(remote: ServedRemote, alpha: Volume, beta: Volume): Promise<
   return { betasRecord, pushes: await hook.pushes() };
 }
 
+test("two volumes on one branch race: the loser rebases once and pushes once more, its commits, its record on the other's and its owner ref together", async (t) => {
+  const remote = await servedRemote(t);
+  const alpha = await stage(t, remote, "alpha", "main");
+  const beta = await stage(t, remote, "beta", "main");
+  const [alphaFile, betaFile] = [await write(alpha), await write(beta)];
+  const { betasRecord, pushes } = await race(remote, alpha, beta);
+
+  // One fetch told alpha that main and the metadata ref both moved: no push went out that could only be refused again.
+  assert.equal(rejections(alpha).length, 1, JSON.stringify(rejections(alpha)));
+  assert.equal(events(alpha, "GitVolumeRebased"), 1);
+  assert.equal(alpha.sync.report().sideBranch, "");
+  assert.equal(remote.git("show", `main:${alphaFile}`), "alpha");
+  assert.equal(remote.git("show", `main:${betaFile}`), "beta");
+  // Alpha recorded on top of beta's record, never over it.
+  remote.git("merge-base", "--is-ancestor", betasRecord, METADATA_REF);
+  assert.equal(recordedMode(remote, "main", alphaFile), 0o600);
+  assert.equal(recordedMode(remote, "main", betaFile), 0o600);
+  const alphas = pushes.filter((refs) => refs.includes("refs/git-csi/owner/alpha"));
+  assert.equal(alphas.length, 2, "the refused push and the one that landed");
+  for (const refs of alphas) assert.deepEqual([...refs].sort(), [METADATA_REF, "refs/git-csi/owner/alpha", "refs/heads/main"]);
+});
+
 test("a push refused only because another branch's volume recorded on the metadata ref records again on it: no rebase, no side branch", async (t) => {
   const remote = await servedRemote(t);
   remote.git("update-ref", "refs/heads/other", "refs/heads/main");
