@@ -52,25 +52,10 @@ export interface HandoverDeps {
   leaseMs: number;
 }
 
-/**
- * The keeper's socket as bound: a keeper that starts unlinks the old socket
- * and binds a new one, so another identity is another keeper. Undefined when
- * no keeper has bound it.
- */
-export function keeperIdentity(socket: string): string | undefined {
-  try {
-    const bound = statSync(socket, { bigint: true });
-    return `${bound.dev}:${bound.ino}:${bound.birthtimeNs}:${bound.ctimeNs}`;
-  } catch (err) {
-    if ((err as NodeJS.ErrnoException).code === "ENOENT") return undefined;
-    throw err;
-  }
-}
-
 export class Handover {
   private readonly mounts = new Map<string, FuseMount>();
   private keeperAnswers = true;
-  /** The keeper that was last told every connection, by keeperIdentity. */
+  /** The keeper that was last told every connection, by currentKeeper. */
   private toldKeeper: string | undefined;
 
   private constructor(private readonly deps: HandoverDeps) {}
@@ -113,12 +98,20 @@ export class Handover {
     }, KEEP_AGAIN_MS);
   }
 
-  /** The keeper's identity, or undefined (and every connection told again next time) when its socket cannot be looked at. */
+  /**
+   * The keeper's socket as bound: a keeper that starts unlinks the old socket
+   * and binds a new one, so another identity is another keeper. Undefined
+   * when no keeper has bound it, or (logged) when it cannot be looked at:
+   * then every connection is told again next time.
+   */
   private currentKeeper(): string | undefined {
     try {
-      return keeperIdentity(this.deps.keeperSocket);
+      const bound = statSync(this.deps.keeperSocket, { bigint: true });
+      return `${bound.dev}:${bound.ino}:${bound.birthtimeNs}:${bound.ctimeNs}`;
     } catch (err) {
-      this.deps.logger.warn(`the FUSE descriptor keeper's socket cannot be looked at: ${(err as Error).message}`, { operation: "fuse_keep", keeper: this.deps.keeperSocket });
+      if ((err as NodeJS.ErrnoException).code !== "ENOENT") {
+        this.deps.logger.warn(`the FUSE descriptor keeper's socket cannot be looked at: ${(err as Error).message}`, { operation: "fuse_keep", keeper: this.deps.keeperSocket });
+      }
       return undefined;
     }
   }
