@@ -19,13 +19,18 @@ export class SecretError extends Error {
 /** The armour of every private key ssh-add reads: OpenSSH's own and the PEM ones. */
 const PRIVATE_KEY = /-----BEGIN [A-Z0-9 ]*PRIVATE KEY-----/;
 
+/** Whether a Secret's data holds anything: the kubelet sends absent and empty alike when no Secret is named. */
+export function hasSecret(data: Record<string, string> | undefined): data is Record<string, string> {
+  return data !== undefined && Object.keys(data).length > 0;
+}
+
 /**
  * The credential a Secret's data describes; undefined for no Secret. Checked
  * by the CSI frontend before anything is staged and again by the git worker,
  * which is the one that uses it.
  */
 export function credentialOf(data: Record<string, string> | undefined): GitCredential | undefined {
-  if (!data || Object.keys(data).length === 0) return undefined;
+  if (!hasSecret(data)) return undefined;
   const keys = Object.keys(data).sort();
   if (data["ssh-privatekey"]) {
     if (!PRIVATE_KEY.test(data["ssh-privatekey"]))

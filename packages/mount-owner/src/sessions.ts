@@ -1,3 +1,4 @@
+import { hasSecret } from "@git-csi/config";
 import type { Logger } from "@git-csi/logging";
 import type { OperationMetrics } from "@git-csi/metrics";
 import { type CsiError, failedPrecondition, type gitcsi, gitWorker } from "@git-csi/protos";
@@ -23,7 +24,7 @@ export interface LiveSession {
 
 /** A Secret with key material, or nothing: a publish without a Secret keeps the one the worker holds. */
 export function withMaterial(credential: gitcsi.Credential | undefined): gitcsi.Credential | undefined {
-  return Object.keys(credential?.data ?? {}).length > 0 ? credential : undefined;
+  return hasSecret(credential?.data) ? credential : undefined;
 }
 
 /** The mount sessions this process serves, by volume id, and how an epoch loses its volume. */
