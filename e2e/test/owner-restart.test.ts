@@ -6,10 +6,11 @@
 import assert from "node:assert/strict";
 import { spawn } from "node:child_process";
 import * as path from "node:path";
-import { after, before, describe, test } from "node:test";
+import { describe, test } from "node:test";
 import { call } from "@git-csi/protos";
-import { createVolume, type Driver, mountsUnder, type PublishedVolume, setVolumeClass, sh, stageAndPublish, startDriver, unpublishAndUnstage, waitFor } from "../src/driver";
-import { type GitServer, startGitDaemon } from "../src/git-server";
+import { createVolume, type Driver, mountsUnder, type PublishedVolume, setVolumeClass, sh, stageAndPublish, unpublishAndUnstage, waitFor } from "../src/driver";
+import { withDaemonAndDriver } from "../src/fixtures";
+import type { GitServer } from "../src/git-server";
 
 /**
  * The application, a process of its own: appends "line N" with one write and
@@ -66,14 +67,9 @@ describe("a mount owner restart keeps the mounts", () => {
   let server: GitServer;
   let driver: Driver;
 
-  before(async () => {
-    server = await startGitDaemon();
-    driver = await startDriver();
-  });
-
-  after(async () => {
-    await driver?.stop();
-    await server?.stop();
+  withDaemonAndDriver((s, d) => {
+    server = s;
+    driver = d;
   });
 
   /** How many times a mount owner served a kept connection again, from the services' logs. */
@@ -169,18 +165,16 @@ describe("an epoch lost while the mount owner was away", () => {
   let server: GitServer;
   let driver: Driver;
 
-  before(async () => {
-    server = await startGitDaemon();
-    await server.createRepo("lapsed.git");
-    driver = await startDriver({ lease: { duration: "3s", renewInterval: "1s" } });
-  });
-
-  after(async () => {
-    await driver?.stop();
-    await server?.stop();
-  });
+  withDaemonAndDriver(
+    (s, d) => {
+      server = s;
+      driver = d;
+    },
+    { lease: { duration: "3s", renewInterval: "1s" } },
+  );
 
   test("is never served again: the kept connection answers EIO, and unpublish and unstage clear it", async () => {
+    await server.createRepo("lapsed.git");
     const volume = await createVolume(driver, "lapsed", server.url("lapsed.git"));
     const published = await stageAndPublish(driver, volume);
     await sh(`echo before > '${published.targetPath}/kept.txt'`);
