@@ -236,27 +236,40 @@ export class MountLease {
 }
 
 /**
+ * git's empty tree, which every repository holds without writing it; the
+ * worker's repositories are SHA-1 (`git init --bare`, and a clone keeps the
+ * remote's format, which must match).
+ */
+const EMPTY_TREE = "4b825dc642cb6eb9a060e54bf8d69288fbee4904";
+
+/**
+ * Scratch directories for the records' files, kept for reuse: a batch
+ * renewal rewrites the same files in place, where creating and removing
+ * hundreds of files every interval was most of an idle node's file system work.
+ */
+const idleScratch: string[] = [];
+
+/**
  * Owner records as root commits of the empty tree (records replace each
- * other, so the remote keeps no history of renewals), in two git processes
+ * other, so the remote keeps no history of renewals), in one git process
  * however many there are: a batch renewal writes one per volume.
  */
 export async function writeRecords(git: SimpleGit, records: OwnerRecord[]): Promise<string[]> {
-  const emptyTree = (await runGit(git, ["hash-object", "-t", "tree", "-w", "/dev/null"])).trim();
-  const scratch = await fs.mkdtemp(path.join(os.tmpdir(), "git-csi-records-"));
+  const scratch = idleScratch.pop() ?? (await fs.mkdtemp(path.join(os.tmpdir(), "git-csi-records-")));
   try {
     return await writeObjects(
       git,
       scratch,
       "commit",
-      records.map((record) => recordCommit(emptyTree, record)),
+      records.map((record) => recordCommit(record)),
     );
   } finally {
-    await fs.rm(scratch, { recursive: true, force: true });
+    idleScratch.push(scratch);
   }
 }
 
 /** The commit object `git commit-tree` writes for a record, dated by the record's time. */
-function recordCommit(emptyTree: string, record: OwnerRecord): string {
+function recordCommit(record: OwnerRecord): string {
   const signature = `${RECORD_AUTHOR} ${Math.floor(record.time / 1000)} +0000`;
-  return `tree ${emptyTree}\nauthor ${signature}\ncommitter ${signature}\n\n${formatRecord(record)}`;
+  return `tree ${EMPTY_TREE}\nauthor ${signature}\ncommitter ${signature}\n\n${formatRecord(record)}`;
 }

@@ -26,8 +26,8 @@ export interface RenewalMember {
   /** Volumes with the same key reach the same remote with the same credential. */
   key: string;
   remote: OnRemote;
-  /** git in the URL's bare repository, where the records are written. */
-  local: SimpleGit;
+  /** git in the URL's bare repository, where the records are written: made for one member of a batch only, as it costs a git client. */
+  local(): SimpleGit;
   /** The batch is over: the volume's report follows the lease. */
   renewed(): void;
 }
@@ -55,7 +55,7 @@ export async function renewMounts(request: gitWorker.RenewMountsRequest, find: F
       renewTogether(
         members.map((m) => m.lease),
         members[0]!.remote,
-        members[0]!.local,
+        members[0]!.local(),
       ).catch((err: unknown) => {
         const failure = asCsiError(err);
         const code = err instanceof RemoteError ? status.UNAVAILABLE : failure.code;

@@ -78,7 +78,7 @@ export class VolumeSync {
       lease: s.lease,
       key: `${s.ctx.source.url}\n${s.access.identity}`,
       remote: (operation) => s.remote(operation),
-      local: s.repo,
+      local: () => s.repo,
       renewed: () => this.watchLease(),
     };
   }

@@ -161,7 +161,7 @@ test("RenewMounts pushes once per remote, answers in the request's order, and re
   const members = new Map<string, RenewalMember>();
   const join = async (node: Awaited<ReturnType<typeof nodeOn>>, remote: ServedRemote, ids: string[]) => {
     for (const lease of await claimed(node, ids)) {
-      members.set(lease.holder.volumeId, { lease, key: remote.url, remote: node.remote, local: node.store.repo(remote.url), renewed: () => undefined });
+      members.set(lease.holder.volumeId, { lease, key: remote.url, remote: node.remote, local: () => node.store.repo(remote.url), renewed: () => undefined });
     }
   };
   await join(nodeOne, one, ["pvc-1", "pvc-2", "pvc-3"]);

@@ -1,5 +1,5 @@
 import type { KeyedSerial } from "@git-csi/config";
-import { status } from "@grpc/grpc-js";
+import { connectivityState, status } from "@grpc/grpc-js";
 import { call, CsiError, type gitcsi, gitWorker, unavailable } from "@git-csi/protos";
 import type { MountOwnerDeps } from "./context";
 import { renewEvery } from "./renewals";
@@ -25,6 +25,9 @@ export type ClaimedTree = gitWorker.PrepareTreeResponse & gitWorker.ClaimMountRe
  */
 export class WorkerLink {
   private readonly worker: gitWorker.GitWorkerClient;
+  /** How often the worker's connection left READY, and the count at the last complete hand-over (-1: none yet). */
+  private connectionChanges = 0;
+  private caughtUpAt = -1;
 
   constructor(
     private readonly deps: MountOwnerDeps,
@@ -172,18 +175,47 @@ export class WorkerLink {
     return call(this.worker.probe.bind(this.worker), {}, PROBE_TIMEOUT_MS).catch((err: Error) => ({ ready: false, message: `git worker does not answer: ${err.message}`, instance: "" }));
   }
 
-  /** Hands every staged volume to a git worker that restarted and knows none of them, and removes deleted trees it could not. */
+  /**
+   * Hands every staged volume to a git worker that restarted and knows none
+   * of them, and removes deleted trees it could not. The worker is asked only
+   * when its connection left READY since the last hand-over (a restart closes
+   * it) or a deleted tree waits: a probe per interval was most of an idle
+   * node's gRPC.
+   */
   watch(intervalMs: number, perVolume: KeyedSerial): NodeJS.Timeout {
-    return setInterval(() => {
-      void call(this.worker.probe.bind(this.worker), {}, intervalMs)
-        .then(({ instance }) => this.catchUp(instance, perVolume))
-        .catch((err: Error) => this.deps.logger.warn(`the git worker does not answer: ${err.message}`, { operation: "worker_restart" }));
-    }, intervalMs);
+    this.followConnection();
+    return setInterval(() => void this.checkWorker(intervalMs, perVolume), intervalMs);
+  }
+
+  private async checkWorker(intervalMs: number, perVolume: KeyedSerial): Promise<void> {
+    const changes = this.connectionChanges;
+    try {
+      const deleted = await this.deps.state.deletedVolumeIds();
+      if (deleted.length === 0 && changes === this.caughtUpAt) return;
+      const { instance } = await call(this.worker.probe.bind(this.worker), {}, intervalMs);
+      for (const volumeId of deleted) await perVolume.run(volumeId, () => this.removeDeletedTree(volumeId));
+      await this.catchUp(instance, perVolume);
+      this.caughtUpAt = changes;
+    } catch (err) {
+      this.deps.logger.warn(`the git worker does not answer: ${(err as Error).message}`, { operation: "worker_restart" });
+    }
+  }
+
+  /** Counts the worker connection's departures from READY, for as long as the channel lives. */
+  private followConnection(): void {
+    const channel = this.worker.getChannel();
+    const follow = (from: connectivityState): void =>
+      channel.watchConnectivityState(from, Infinity, () => {
+        const now = channel.getConnectivityState(false);
+        if (now === connectivityState.SHUTDOWN) return;
+        if (now !== connectivityState.READY) this.connectionChanges++;
+        follow(now);
+      });
+    follow(channel.getConnectivityState(false));
   }
 
   private async catchUp(instance: string, perVolume: KeyedSerial): Promise<void> {
     const { state, logger } = this.deps;
-    for (const volumeId of await state.deletedVolumeIds()) await perVolume.run(volumeId, () => this.removeDeletedTree(volumeId));
     for (const [volumeId, session] of this.sessions.entries()) {
       // A lost epoch never serves again: nothing to hand over, and its lease must run out.
       if (session.workerInstance === instance || session.lost) continue;
