@@ -25,9 +25,11 @@ async function main(): Promise<number> {
       `-csi.testvolumemutableparameters=${files.mutable}`,
       "-ginkgo.no-color",
     ];
-    const code = await new Promise<number>((resolve) => {
+    const code = await new Promise<number>((resolve, reject) => {
       const sanity = spawn("csi-sanity", args, { stdio: "inherit" });
       sanity.once("exit", (c) => resolve(c ?? 1));
+      // Not on PATH outside make (which builds it into .cache/bin): fail, and let the finally stop the driver.
+      sanity.once("error", (err) => reject(new Error(`csi-sanity could not run (make sanity builds it and puts it on PATH): ${err.message}`)));
     });
     if (code !== 0) process.stderr.write(`csi-sanity failed; the services logged:\n${driver.logs()}\n`);
     return code;
