@@ -66,6 +66,14 @@ function followedBranches(tree: { volumeId: string; source: gitcsi.VolumeSource 
 }
 
 /**
+ * How old an object no ref reaches must be before gc deletes it. git's two
+ * weeks would keep every owner record a renewal replaced: 100 volumes on one
+ * URL write 18,000 such loose objects an hour. An hour still covers any
+ * object a step of the worker wrote and has yet to name by a ref.
+ */
+const PRUNE_AFTER = "1.hour.ago";
+
+/**
  * Spec 004, "Work trees the node keeps": deletes the node's refs under
  * refs/git-csi/ that no volume follows, removes each bare repository that no
  * work tree names, and runs git gc in each one that stays, so the node's
@@ -89,7 +97,7 @@ export async function collectGarbage(store: Store, logger: Logger, onRepository:
       const stale = refs.filter((r) => !followed.has(r));
       for (const ref of stale) await runGit(repo, ["update-ref", "-d", ref]);
       await runGit(repo, ["worktree", "prune"]);
-      await runGit(repo, ["gc", "--quiet"]);
+      await runGit(repo, ["gc", "--quiet", `--prune=${PRUNE_AFTER}`]);
       logger.info(`collected ${repoDir}`, { operation: "gc", staleRefs: stale.length, trees: users.length });
     });
   }

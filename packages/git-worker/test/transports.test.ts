@@ -6,6 +6,7 @@ import { createLogger } from "@git-csi/logging";
 import { RemoteAccess } from "../src/access";
 import { CredentialBroker } from "../src/broker";
 import { collectGarbage, rememberSource } from "../src/gc";
+import { writeRecords } from "../src/lease";
 import { fetchBranch } from "../src/remote";
 import { prepareTree } from "../src/stage";
 import { exists, Store, upstreamRef } from "../src/store";
@@ -87,4 +88,18 @@ test("the store's collection passes over a source recorded before its ref was re
   await rememberSource(store, "pvc-old", { url: remote.url, ref: "--help" });
   await collectGarbage(store, createLogger("git-worker", "error"), (_repoDir, work) => work());
   assert.notEqual(await revParse(store.repo(remote.url), upstreamRef("main")), "", "the staged volume's branch was collected");
+});
+
+test("the store's collection deletes owner records a renewal replaced an hour ago, and keeps newer ones", async (t) => {
+  const { store, remote } = await stagedNode(t);
+  const repo = store.repo(remote.url);
+  const record = (time: number) => ({ volumeId: VOLUME, node: "node-a", epoch: "e1", accessMode: "ReadWriteOnce" as const, time, expires: time + 90_000, released: false });
+  const [replaced, recent] = await writeRecords(repo, [record(Date.now() - 7_200_000), record(Date.now())]);
+  // Loose objects no ref names, as renewals leave them; the replaced one written two hours ago.
+  const loose = path.join(store.repoDir(remote.url), "objects", replaced!.slice(0, 2), replaced!.slice(2));
+  const twoHoursAgo = new Date(Date.now() - 7_200_000);
+  await fs.utimes(loose, twoHoursAgo, twoHoursAgo);
+  await collectGarbage(store, createLogger("git-worker", "error"), (_repoDir, work) => work());
+  assert.equal(await revParse(repo, replaced!), "", "the record replaced two hours ago is still in the node's repository");
+  assert.equal(await revParse(repo, recent!), recent, "a record written now was deleted");
 });
