@@ -68,7 +68,7 @@ export class VolumePush {
     for (let rebases = 0, retries = 0; ;) {
       const withCommits = commitsToPush(s.unpushed, s.refDeleted);
       if (!withCommits && !metadata) return undefined;
-      const changes = [...(withCommits ? [branchChange(candidate, s.pushBranch)] : []), ...(metadata ? [metadataChange(metadata.commit)] : [])];
+      const changes = [...(withCommits ? [branchChange(candidate, s.pushBranch)] : []), ...(metadata ? [metadataChange(metadata.commit, metadata.base)] : [])];
       // Only a push that may be large asks git what it would send: that walk costs more than a small push saves.
       const mayBeLarge = s.unpushedBytes > STAGE_BYTES || candidate !== head || metadata?.base === "";
       const result = await s.fenced((repo, fence) => pushChanges(repo, changes, fence), mayBeLarge ? changes : []);
@@ -105,7 +105,8 @@ export class VolumePush {
   private async landed(head: string, candidate: string): Promise<void> {
     if (candidate !== head) await this.upstream.takeRebased(head, candidate);
     this.pushed();
-    await this.upstream.refreshUnpushed();
+    // HEAD itself landed: nothing is left to count. A tree that could not take a rebased commit keeps commits the remote lacks.
+    if (candidate !== head) await this.upstream.refreshUnpushed();
   }
 
   /**
@@ -119,7 +120,8 @@ export class VolumePush {
     const recorded = [...s.metadataChanged];
     const base = await revParse(s.repo, UPSTREAM_METADATA);
     const commit = await recordMetadata({
-      repo: s.repo,
+      gitDir: s.ctx.store.repoDir(s.ctx.source.url),
+      cache: s.ctx.store.listings,
       treeDir: s.treeDir,
       branch: s.branch,
       base,
@@ -127,6 +129,7 @@ export class VolumePush {
       indexFile: path.join(s.volumeDir, "metadata.index"),
       author: s.policy!.author,
       tree: s.tree,
+      notIgnored: s.committedPaths,
     });
     if (commit !== base) return { commit, base, recorded };
     for (const p of recorded) s.metadataChanged.delete(p);
@@ -141,6 +144,7 @@ export class VolumePush {
     s.upstreamMovedOverWrites = false;
     s.unpushed = 0;
     s.unpushedBytes = 0;
+    s.committedPaths.clear();
     this.report.emit(Reason.Pushed, "Normal", `pushed to ${s.pushBranch}`);
     this.scheduler.pushed(s.pending.size > 0);
     this.report.publishMetrics();

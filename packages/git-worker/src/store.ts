@@ -6,6 +6,7 @@ import { BRANCH_RULE, branchOf, remoteUrlProblem } from "@git-csi/config";
 import { failedPrecondition, invalidArgument } from "@git-csi/protos";
 import type { RemoteOptions } from "./access";
 import { gitIn, runGit } from "./git";
+import { ListingCache } from "./metadata-plumbing";
 
 /**
  * The node's git store: one bare repository per URL under repos/, shared by
@@ -16,6 +17,9 @@ import { gitIn, runGit } from "./git";
  * that no prune drops the admin directory of a tree whose link is gone.
  */
 export class Store {
+  /** refs/git-csi/metadata's listings the worker read or wrote, shared by every volume: a commit's listings are the same in any repository. */
+  readonly listings = new ListingCache();
+
   constructor(readonly stateDir: string) {}
 
   repoDir(url: string): string {

@@ -7,6 +7,7 @@ import * as path from "node:path";
 import { after, test } from "node:test";
 import { simpleGit, type SimpleGit } from "simple-git";
 import { branchTreeName, formatListing, listingKey, listingPath, type MetadataEntry, parseListing } from "../src/metadata-format";
+import { ListingCache } from "../src/metadata-plumbing";
 import { recordMetadata } from "../src/metadata-record";
 import { replayMetadata } from "../src/metadata-replay";
 
@@ -22,6 +23,7 @@ interface Fixture {
   repo: SimpleGit;
   tree: string;
   index: string;
+  cache: ListingCache;
   git: (args: string[], env?: Record<string, string>, input?: string) => string;
 }
 
@@ -35,7 +37,7 @@ async function fixture(): Promise<Fixture> {
   const repo = simpleGit({ baseDir: dir, trimmed: false }).env({ PATH: process.env.PATH ?? "/usr/bin:/bin", HOME: dir, GIT_DIR: bare });
   const tree = path.join(dir, "tree");
   await fs.mkdir(tree);
-  return { dir, bare, repo, tree, index: path.join(dir, "sync", "metadata.index"), git };
+  return { dir, bare, repo, tree, index: path.join(dir, "sync", "metadata.index"), cache: new ListingCache(), git };
 }
 
 async function file(p: string, mode: number, content = "x\n"): Promise<void> {
@@ -113,7 +115,7 @@ async function sampleTree(tree: string): Promise<void> {
 const sampleFiles = ["README", "secret", "bin/run", "bin/suid", "shared/owned", "link", "empty", "deep/er/est"];
 
 async function record(f: Fixture, base: string, changedPaths: string[], branch = "main", tree?: SimpleGit): Promise<string> {
-  return recordMetadata({ repo: f.repo, treeDir: f.tree, branch, base, changedPaths, indexFile: f.index, author, ...(tree ? { tree } : {}) });
+  return recordMetadata({ gitDir: f.bare, cache: f.cache, treeDir: f.tree, branch, base, changedPaths, indexFile: f.index, author, ...(tree ? { tree } : {}) });
 }
 
 test("branch names and keys", () => {
@@ -196,6 +198,25 @@ test("a change rewrites only the listing of its directory", async () => {
   // A file's content alone changes no listing: nothing to commit.
   await fs.writeFile(path.join(f.tree, "README"), "new content\n");
   assert.equal(await record(f, fourth, ["README"]), fourth);
+});
+
+test("a record on a commit the worker wrote reads its listings from the cache, and a fresh read gives the same commit", async () => {
+  const f = await fixture();
+  await sampleTree(f.tree);
+  const first = await record(f, "", sampleFiles);
+  await fs.chmod(path.join(f.tree, "bin/run"), 0o700);
+  const second = await record(f, first, ["bin/run"]);
+  await fs.writeFile(path.join(f.tree, "bin/run"), "appended\n", { flag: "a" });
+  // No repository at all: a record that asked git anything would fail.
+  const none = path.join(f.dir, "none.git");
+  await fs.mkdir(none);
+  const unchanged = await recordMetadata({ gitDir: none, cache: f.cache, treeDir: f.tree, branch: "main", base: second, changedPaths: ["bin/run"], indexFile: f.index, author });
+  assert.equal(unchanged, second);
+
+  await fs.chmod(path.join(f.tree, "bin/run"), 0o750);
+  const cached = await record(f, second, ["bin/run"]);
+  const fresh = await recordMetadata({ gitDir: f.bare, cache: new ListingCache(), treeDir: f.tree, branch: "main", base: second, changedPaths: ["bin/run"], indexFile: f.index, author });
+  assert.equal(f.git(["rev-parse", `${cached}^{tree}`]), f.git(["rev-parse", `${fresh}^{tree}`]));
 });
 
 test("a deleted directory drops its listing and every listing below it", async () => {
