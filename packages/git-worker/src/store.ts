@@ -61,11 +61,13 @@ export class Store {
   /**
    * git in a volume's work tree: paths are literal (a file named `*` is a
    * file, not a glob) and the class's ignore patterns apply on top of the
-   * repository's own .gitignore.
+   * repository's own .gitignore. The index is split: a command that changes
+   * a few entries writes those, not the whole tree's index again.
    */
   tree(url: string, volumeId: string, env: Record<string, string> = {}): SimpleGit {
     return gitAt(this.treeDir(volumeId), { GIT_DIR: this.treeGitDir(url, volumeId), GIT_WORK_TREE: this.treeDir(volumeId), GIT_LITERAL_PATHSPECS: "1", ...env }, [
       `core.excludesFile=${this.excludesFile(volumeId)}`,
+      "core.splitIndex=true",
     ]);
   }
 
