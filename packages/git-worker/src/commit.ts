@@ -65,11 +65,13 @@ export class VolumeCommitter {
   /**
    * A commit that fails keeps every path pending, turns the volume abnormal
    * and is tried again with backoff; the caller sees the failure, so an
-   * unstage never answers over writes no commit holds.
+   * unstage never answers over writes no commit holds. Answers the commit
+   * HEAD now names, when this made one.
    */
-  async commitOrRetry(trigger: string): Promise<void> {
+  async commitOrRetry(trigger: string): Promise<string | undefined> {
+    let head: string | undefined;
     try {
-      await this.commit(trigger);
+      head = await this.commit(trigger);
     } catch (err) {
       throw this.commitFailed(err);
     }
@@ -78,6 +80,7 @@ export class VolumeCommitter {
       this.s.commitFailures = 0;
       this.s.log("info", "committed again after failed commits", "commit");
     }
+    return head;
   }
 
   private commitFailed(err: unknown): CsiError {
@@ -93,10 +96,10 @@ export class VolumeCommitter {
     return internal(`volume ${s.volumeId}: ${s.pending.size} written path(s) could not be committed, so they are not safe to leave the node yet; the driver retries: ${message}`);
   }
 
-  /** Commits the pending paths. */
-  private async commit(trigger: string): Promise<void> {
+  /** Commits the pending paths; answers the commit, or undefined when nothing changed. */
+  private async commit(trigger: string): Promise<string | undefined> {
     const asked = [...this.s.pending];
-    if (asked.length === 0) return;
+    if (asked.length === 0) return undefined;
     const { tooLarge, bytes } = (await this.stageAsListed(asked)) ?? (await this.stage(asked));
     const committed = await this.writeCommit(trigger);
     if (committed) this.s.unpushedBytes += bytes;
@@ -105,6 +108,7 @@ export class VolumeCommitter {
     // A commit on HEAD is one more the remote lacks: counting again would cost three git processes on the way to the push.
     if (committed) this.report.publishMetrics();
     else await this.refreshUnpushed();
+    return committed;
   }
 
   /**
@@ -162,17 +166,19 @@ export class VolumeCommitter {
   }
 
   /**
-   * Commits the index when it differs from HEAD; false when it does not.
+   * Commits the index when it differs from HEAD, and answers the commit.
    * Plumbing, not `git commit`: that re-checks every tracked file, and the
    * cost must follow the change. The paths come from the two trees, never
    * from the index.
    */
-  private async writeCommit(trigger: string): Promise<boolean> {
+  private async writeCommit(trigger: string): Promise<string | undefined> {
     const s = this.s;
     const tree = s.tree;
-    const treeOid = (await runGit(tree, ["write-tree"])).trim();
-    const [parent, parentTree] = (await runGit(tree, ["rev-parse", "HEAD", "HEAD^{tree}"])).split("\n");
-    if (treeOid === parentTree) return false;
+    // Neither waits for the other: the machine has more than one core.
+    const [written, heads] = await Promise.all([runGit(tree, ["write-tree"]), runGit(tree, ["rev-parse", "HEAD", "HEAD^{tree}"])]);
+    const treeOid = written.trim();
+    const [parent, parentTree] = heads.split("\n");
+    if (treeOid === parentTree) return undefined;
     const changed = await changedBetween(tree, parentTree!, treeOid);
     const staged = changed.map((c) => c.path);
     const subject = `${s.claim.name ? `${s.claim.namespace}/${s.claim.name}` : s.volumeId}: ${staged.length} path(s) after ${trigger}`;
@@ -184,7 +190,7 @@ export class VolumeCommitter {
     s.unpushed++;
     this.scheduler.committed();
     s.log("info", "committed", "commit", { paths: staged.length, trigger });
-    return true;
+    return commit;
   }
 
   private noteSkipped(asked: string[], tooLarge: Map<string, number>): void {

@@ -24,27 +24,33 @@ export class VolumePush {
     private readonly upstream: VolumeUpstream,
   ) {}
 
-  /** Any failure to reach the remote on the way (a fetch, the metadata, the push itself) is a failed push. */
-  async push(trigger: string): Promise<SyncOutcome> {
+  /**
+   * Any failure to reach the remote on the way (a fetch, the metadata, the
+   * push itself) is a failed push. `head`: the commit HEAD names, when the
+   * commit just before this push made it.
+   */
+  async push(trigger: string, head?: string): Promise<SyncOutcome> {
     try {
       // A whole push, fetch and rebase included, holds the URL's repository: volumes of one URL take turns.
-      return await this.s.ctx.onRepository(() => this.pushOnce(trigger));
+      return await this.s.ctx.onRepository(() => this.pushOnce(trigger, head));
     } catch (err) {
       if (err instanceof RemoteError) return this.pushFailed(err.message);
       throw err;
     }
   }
 
-  private async pushOnce(trigger: string): Promise<SyncOutcome> {
+  private async pushOnce(trigger: string, committed: string | undefined): Promise<SyncOutcome> {
     const s = this.s;
     this.scheduler.pushStarts();
     if (s.waitingForCredential) {
       const decision = withoutCredential(trigger, s.unpushed);
       return "fail" in decision ? this.pushFailed(decision.fail) : decision.wait;
     }
+    // A heal moves HEAD.
+    const head = s.onSideBranch ? undefined : committed;
     if (s.onSideBranch) await this.upstream.tryToHeal();
     if (!somethingToPush(s.unpushed, s.refDeleted, s.metadataChanged.size)) return { pushed: true, message: "nothing to push" };
-    const failed = await this.pushChanges();
+    const failed = await this.pushChanges(head ?? (await revParse(s.tree, "HEAD")));
     if (failed) return failed;
     return { pushed: true, message: `pushed to ${s.pushBranch}` };
   }
@@ -60,9 +66,8 @@ export class VolumePush {
    * scratch worktree; the pod's tree takes it once it landed. Answers the
    * failure, or nothing once everything landed.
    */
-  private async pushChanges(): Promise<SyncOutcome | undefined> {
+  private async pushChanges(head: string): Promise<SyncOutcome | undefined> {
     const s = this.s;
-    const head = await revParse(s.tree, "HEAD");
     let candidate = head;
     let metadata = await this.recordMetadata();
     for (let rebases = 0, retries = 0; ;) {

@@ -277,7 +277,7 @@ async function ignoringFixture(): Promise<{ f: Fixture; wt: string; treeGit: Sim
   f.git(["init", "--bare", "--quiet", wt]);
   f.git(["config", "core.bare", "false"], { GIT_DIR: wt });
   const excludes = path.join(f.dir, "ignore");
-  await fs.writeFile(excludes, ".storage/\n*.log\n");
+  await fs.writeFile(excludes, ".storage/\n*.log\n!kept.log\n");
   const treeGit = simpleGit({ baseDir: f.dir, trimmed: false, config: [`core.excludesFile=${excludes}`] }).env({
     PATH: process.env.PATH ?? "/usr/bin:/bin",
     HOME: f.dir,
@@ -294,6 +294,7 @@ test("ignored paths are not recorded when the tree's git is given", async () => 
   await file(path.join(f.tree, "app.log"), 0o600);
   await file(path.join(f.tree, 'é "q".log'), 0o600);
   await file(path.join(f.tree, "tracked.log"), 0o640);
+  await file(path.join(f.tree, "kept.log"), 0o640);
   await file(path.join(f.tree, ":colon.log"), 0o600);
   await file(path.join(f.tree, ":conf"), 0o600);
   await file(path.join(f.tree, ".storage/db"), 0o600);
@@ -302,7 +303,7 @@ test("ignored paths are not recorded when the tree's git is given", async () => 
   const commit = await record(f, "", ["conf.yaml", "app.log", ".storage/db", "data/.storage/db"], "main", treeGit);
   assert.deepEqual(
     listing(f, commit, "main", "")?.entries.map((e) => e.name),
-    [":conf", "conf.yaml", "data", "tracked.log"],
+    [":conf", "conf.yaml", "data", "kept.log", "tracked.log"],
   );
   assert.equal(listing(f, commit, "main", "data"), undefined);
   assert.equal(listing(f, commit, "main", ".storage"), undefined);
