@@ -2,7 +2,7 @@
 import * as fs from "node:fs/promises";
 import * as path from "node:path";
 import type { SimpleGit } from "simple-git";
-import { ARGV_BATCH, type Author, authorEnv, chunks, gitIn, runGit } from "./git";
+import { ARGV_BATCH, type Author, authorEnv, chunks, gitIn, runGit, traced } from "./git";
 import { baseName, listingPath, MAX_LISTING_BYTES, type MetadataEntry, parentOf, parseListing } from "./metadata-format";
 
 export interface TreeBlob {
@@ -283,10 +283,11 @@ export async function writeMetadataCommit(w: MetadataWriter, base: string, branc
     );
     // The index is the caller's own and rebuilt from base: a lock left by a crash is stale.
     await fs.rm(`${indexFile}.lock`, { force: true });
-    await runGit(git, base === "" ? ["read-tree", "--empty"] : ["read-tree", base]);
+    // Each command prints something (a trace, --verbose): simple-git waits 50 ms more for a silent one (see traced).
+    await runGit(traced(privateGit(gitDir, indexFile, author)), base === "" ? ["read-tree", "--empty"] : ["read-tree", base]);
     for (const [n, batch] of chunks(writes).entries()) {
       const args = batch.flatMap((w, j) => ["--cacheinfo", `100644,${oids[n * ARGV_BATCH + j]},${listingPath(branch, w.dir)}`]);
-      await runGit(git, ["update-index", "--add", ...args]);
+      await runGit(git, ["update-index", "--verbose", "--add", ...args]);
     }
     if (removes.length > 0) await removeFromIndex(gitDir, indexFile, author, scratch, removes);
     const tree = (await runGit(git, ["write-tree"])).trim();
@@ -305,5 +306,5 @@ async function removeFromIndex(gitDir: string, indexFile: string, author: Author
   const emptyTree = path.join(scratch, "work-tree");
   await fs.mkdir(emptyTree);
   const remover = privateGit(gitDir, indexFile, author, { GIT_WORK_TREE: emptyTree });
-  for (const batch of chunks(removes)) await runGit(remover, ["update-index", "--force-remove", "--", ...batch]);
+  for (const batch of chunks(removes)) await runGit(remover, ["update-index", "--verbose", "--force-remove", "--", ...batch]);
 }
