@@ -548,9 +548,9 @@ interface DriverSample {
   minusQuiesceMs: number;
   /** Write → the Pending event: the watcher, then git status of the path. */
   pendingMs: number;
-  /** Write → the commit's log line, minus the quiesce: the watcher, status, add, commit. */
+  /** Write → the commit's log line, minus the quiesce: the watcher, then staging the path and committing. */
   committedMs: number;
-  /** The commit's log line → the Pushed event: metadata fetched and recorded, the push. */
+  /** The commit's log line → the Pushed event: the metadata record, the owner record, the push. */
   pushMs: number;
 }
 
@@ -875,8 +875,8 @@ function commitMarkdown(section: CommitSection): string {
     timeRow("(a) driver: write → remote ref moved", (t) => t.median.driver.totalMs, growth.driverTotal),
     timeRow(`(a) minus the ${q} quiesce`, (t) => t.median.driver.minusQuiesceMs, growth.driverMinusQuiesce),
     timeRow("… write → path pending (watcher, git status of the path)", (t) => t.median.driver.pendingMs, growth.driverPending),
-    timeRow("… write → committed, minus the quiesce (watcher, status, add, commit)", (t) => t.median.driver.committedMs, growth.driverCommitted),
-    timeRow("… committed → pushed (metadata fetched and recorded, push)", (t) => t.median.driver.pushMs, growth.driverPush),
+    timeRow("… write → committed, minus the quiesce (watcher, update-index, write-tree, commit)", (t) => t.median.driver.committedMs, growth.driverCommitted),
+    timeRow("… committed → pushed (metadata record, owner record, push)", (t) => t.median.driver.pushMs, growth.driverPush),
     timeRow("(b) by hand: git add PATH; git commit; git push", (t) => t.median.byHand, growth.byHand),
     timeRow("(c) full scan: git add --all; git commit; git push", (t) => t.median.fullScan, growth.fullScan),
     timeRow("(c') git status --porcelain alone", (t) => t.median.status, growth.status),

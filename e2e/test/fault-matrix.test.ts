@@ -146,7 +146,7 @@ async function gitAt(stateDir: string, moment: Moment): Promise<boolean> {
     if (args[0] !== "git" || !(cwd.startsWith(stateDir) || environ.includes(stateDir))) continue;
     const isMetadata = environ.includes("metadata.index");
     if (moment === "metadata" && isMetadata) return true;
-    if (moment === "commit" && !isMetadata && args.some((a) => a === "add" || a === "write-tree" || a === "commit-tree")) return true;
+    if (moment === "commit" && !isMetadata && args.some((a) => a === "update-index" || a === "add" || a === "write-tree" || a === "commit-tree")) return true;
     if (moment === "push" && args.includes("push")) return true;
     if (moment === "rebase" && args.includes("rebase")) return true;
   }

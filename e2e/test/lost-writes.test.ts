@@ -14,16 +14,18 @@ import { withDaemonAndDriver } from "../src/fixtures";
 // Correctness, not speed: a 200 MB push on a busy 2-core machine takes its time.
 const T = 300_000;
 
-/** Waits until a git command whose argv names this volume's pathspec file runs: the commit is staging now. */
+/** Waits until a git command stages paths in this volume's tree (update-index, or add of the pathspec file): the commit is staging now. */
 async function whileStaging(driver: Driver, volumeId: string): Promise<void> {
-  const pathspec = `--pathspec-from-file=${path.join(driver.stateDir, "sync", volumeId, "pathspec")}`;
+  const tree = `GIT_WORK_TREE=${path.join(driver.stateDir, "trees", volumeId)}`;
   await waitFor(
-    "the commit's git add",
+    "the commit's staging",
     async () => {
       for (const pid of await fs.readdir("/proc")) {
         if (!/^\d+$/.test(pid)) continue;
-        const argv = await fs.readFile(`/proc/${pid}/cmdline`, "utf8").catch(() => "");
-        if (argv.split("\0").includes(pathspec)) return true;
+        const argv = (await fs.readFile(`/proc/${pid}/cmdline`, "utf8").catch(() => "")).split("\0");
+        if (!argv.includes("update-index") && !argv.includes("add")) continue;
+        const env = await fs.readFile(`/proc/${pid}/environ`, "utf8").catch(() => "");
+        if (env.split("\0").includes(tree)) return true;
       }
       return false;
     },

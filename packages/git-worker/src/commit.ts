@@ -1,11 +1,12 @@
+import type { Stats } from "node:fs";
 import * as fs from "node:fs/promises";
 import * as path from "node:path";
 import { formatDuration, orAbsent, Reason } from "@git-csi/config";
 import { type CsiError, internal } from "@git-csi/protos";
-import { runGit } from "./git";
+import { ARGV_BATCH, runGit, traced } from "./git";
 import type { VolumeReporter } from "./report";
 import type { SyncScheduler } from "./schedule";
-import { revParse, stageChanges, stagedPaths, statusOf } from "./tree";
+import { changedBetween, stageChanges, statusOf, updatePaths } from "./tree";
 import type { VolumeState } from "./volume";
 
 /** Paths the driver never commits: libfuse's names for open, unlinked files. */
@@ -64,11 +65,13 @@ export class VolumeCommitter {
   /**
    * A commit that fails keeps every path pending, turns the volume abnormal
    * and is tried again with backoff; the caller sees the failure, so an
-   * unstage never answers over writes no commit holds.
+   * unstage never answers over writes no commit holds. Answers the commit
+   * HEAD now names, when this made one.
    */
-  async commitOrRetry(trigger: string): Promise<void> {
+  async commitOrRetry(trigger: string): Promise<string | undefined> {
+    let head: string | undefined;
     try {
-      await this.commit(trigger);
+      head = await this.commit(trigger);
     } catch (err) {
       throw this.commitFailed(err);
     }
@@ -77,6 +80,7 @@ export class VolumeCommitter {
       this.s.commitFailures = 0;
       this.s.log("info", "committed again after failed commits", "commit");
     }
+    return head;
   }
 
   private commitFailed(err: unknown): CsiError {
@@ -92,60 +96,101 @@ export class VolumeCommitter {
     return internal(`volume ${s.volumeId}: ${s.pending.size} written path(s) could not be committed, so they are not safe to leave the node yet; the driver retries: ${message}`);
   }
 
-  /** Commits the pending paths. */
-  private async commit(trigger: string): Promise<void> {
+  /** Commits the pending paths; answers the commit, or undefined when nothing changed. */
+  private async commit(trigger: string): Promise<string | undefined> {
     const asked = [...this.s.pending];
-    if (asked.length === 0) return;
-    const { tooLarge, bytes } = await this.stage(asked);
-    const staged = await stagedPaths(this.s.tree);
-    if (staged.length > 0) {
-      await this.writeCommit(staged, trigger);
-      this.s.unpushedBytes += bytes;
-    }
+    if (asked.length === 0) return undefined;
+    const { tooLarge, bytes } = (await this.stageAsListed(asked)) ?? (await this.stage(asked));
+    const committed = await this.writeCommit(trigger);
+    if (committed) this.s.unpushedBytes += bytes;
     this.noteSkipped(asked, tooLarge);
     for (const p of asked) this.s.pending.delete(p);
     // A commit on HEAD is one more the remote lacks: counting again would cost three git processes on the way to the push.
-    if (staged.length > 0) this.report.publishMetrics();
+    if (committed) this.report.publishMetrics();
     else await this.refreshUnpushed();
+    return committed;
   }
 
   /**
-   * Stages what changed of these paths as they are now; the ones over
-   * commit.maxFileSize stay out. Answers those, and the bytes of the files staged.
+   * Stages the pending paths as they are now in one git process: git status
+   * listed them when they were written, and every write since went through
+   * the watcher's refresh, so git need not be asked again. Undefined where
+   * that does not hold (a path became a directory, a .gitignore changed and
+   * may ignore what was pending, more paths than one command line takes):
+   * then git is asked.
+   */
+  private async stageAsListed(asked: string[]): Promise<{ tooLarge: Map<string, number>; bytes: number } | undefined> {
+    if (asked.length > ARGV_BATCH || asked.some((p) => path.posix.basename(p) === ".gitignore")) return undefined;
+    const stats = await Promise.all(asked.map((p) => orAbsent(fs.lstat(path.join(this.s.treeDir, p)))));
+    if (stats.some((stat) => stat?.isDirectory())) return undefined;
+    const sized = this.sized(asked.map((p, i) => ({ path: p, stat: stats[i] })));
+    try {
+      await updatePaths(
+        this.s.tree,
+        asked.filter((p) => !sized.tooLarge.has(p)),
+      );
+    } catch (err) {
+      this.s.log("info", `the pending paths are staged again after asking git which changed: ${(err as Error).message}`, "commit");
+      return undefined;
+    }
+    return sized;
+  }
+
+  /**
+   * Stages what changed of these paths as they are now, as git status lists
+   * them; the ones over commit.maxFileSize stay out. Answers those, and the
+   * bytes of the files staged.
    */
   private async stage(asked: string[]): Promise<{ tooLarge: Map<string, number>; bytes: number }> {
-    const maxFileSize = this.s.policy!.maxFileSizeBytes;
     const pathspecFile = path.join(this.s.volumeDir, "pathspec");
-    let tooLarge = new Map<string, number>();
-    let bytes = 0;
+    let sized = { tooLarge: new Map<string, number>(), bytes: 0 };
     await stageChanges(this.s.tree, pathspecFile, asked, async (changed) => {
-      tooLarge = new Map();
-      bytes = 0;
-      for (const status of changed) {
-        // A file that vanished since git listed it is staged as whatever git sees: never too large.
-        const stat = status.deleted ? undefined : await orAbsent(fs.lstat(path.join(this.s.treeDir, status.path)));
-        if (stat?.isFile() && stat.size > maxFileSize) tooLarge.set(status.path, stat.size);
-        else bytes += stat?.size ?? 0;
-      }
-      return changed.filter((status) => !tooLarge.has(status.path)).map((status) => status.path);
+      // A file that vanished since git listed it is staged as whatever git sees: never too large.
+      const stats = await Promise.all(changed.map((status) => (status.deleted ? undefined : orAbsent(fs.lstat(path.join(this.s.treeDir, status.path))))));
+      sized = this.sized(changed.map((status, i) => ({ path: status.path, stat: stats[i] })));
+      return changed.filter((status) => !sized.tooLarge.has(status.path)).map((status) => status.path);
     });
+    return sized;
+  }
+
+  /** The files over commit.maxFileSize, and the bytes of the others. */
+  private sized(paths: { path: string; stat: Stats | undefined }[]): { tooLarge: Map<string, number>; bytes: number } {
+    const maxFileSize = this.s.policy!.maxFileSizeBytes;
+    const tooLarge = new Map<string, number>();
+    let bytes = 0;
+    for (const { path: p, stat } of paths) {
+      if (stat?.isFile() && stat.size > maxFileSize) tooLarge.set(p, stat.size);
+      else bytes += stat?.size ?? 0;
+    }
     return { tooLarge, bytes };
   }
 
-  /** Plumbing, not `git commit`: that re-checks every tracked file, and the cost must follow the change. */
-  private async writeCommit(staged: string[], trigger: string): Promise<void> {
+  /**
+   * Commits the index when it differs from HEAD, and answers the commit.
+   * Plumbing, not `git commit`: that re-checks every tracked file, and the
+   * cost must follow the change. The paths come from the two trees, never
+   * from the index.
+   */
+  private async writeCommit(trigger: string): Promise<string | undefined> {
     const s = this.s;
+    const tree = s.tree;
+    // Neither waits for the other: the machine has more than one core.
+    const [written, heads] = await Promise.all([runGit(tree, ["write-tree"]), runGit(tree, ["rev-parse", "HEAD", "HEAD^{tree}"])]);
+    const treeOid = written.trim();
+    const [parent, parentTree] = heads.split("\n");
+    if (treeOid === parentTree) return undefined;
+    const changed = await changedBetween(tree, parentTree!, treeOid);
+    const staged = changed.map((c) => c.path);
     const subject = `${s.claim.name ? `${s.claim.namespace}/${s.claim.name}` : s.volumeId}: ${staged.length} path(s) after ${trigger}`;
     const more = staged.length > PATHS_LISTED ? `\n… and ${staged.length - PATHS_LISTED} more` : "";
     const body = staged.slice(0, PATHS_LISTED).join("\n") + more;
-    const tree = s.tree;
-    const parent = await revParse(tree, "HEAD");
-    const treeOid = (await runGit(tree, ["write-tree"])).trim();
-    const commit = (await runGit(tree, ["commit-tree", treeOid, "-p", parent, "-m", subject, "-m", body])).trim();
-    await runGit(tree, ["update-ref", "-m", "git-csi: commit", "HEAD", commit, parent]);
+    const commit = (await runGit(tree, ["commit-tree", treeOid, "-p", parent!, "-m", subject, "-m", body])).trim();
+    await runGit(traced(s.tree), ["update-ref", "-m", "git-csi: commit", "HEAD", commit, parent!]);
+    for (const c of changed) if (!c.deleted) s.committedPaths.add(c.path);
     s.unpushed++;
     this.scheduler.committed();
     s.log("info", "committed", "commit", { paths: staged.length, trigger });
+    return commit;
   }
 
   private noteSkipped(asked: string[], tooLarge: Map<string, number>): void {

@@ -36,19 +36,41 @@ export async function runGit(git: SimpleGit, argv: string[]): Promise<string> {
   const started = Date.now();
   try {
     const out = await git.raw(argv);
-    log?.debug(`git ${argv[0]}`, { operation: "git", ms: Date.now() - started });
+    log?.debug(`git ${subcommand(argv)}`, { operation: "git", ms: Date.now() - started });
     return out;
   } catch (err) {
     const failed = new GitCommandError(argv, gitMessage(err));
-    log?.debug(`git ${argv[0]} failed`, { operation: "git", ms: Date.now() - started, error: failed.stderr });
+    log?.debug(`git ${subcommand(argv)} failed`, { operation: "git", ms: Date.now() - started, error: failed.stderr });
     throw failed;
   }
 }
 
-/** git's own words in a failure, without what simple-git or the runner added. */
+/** The command git runs, past the options before it (`-c key=value` takes two arguments). */
+function subcommand(argv: string[]): string {
+  for (let i = 0; i < argv.length; i++) {
+    if (argv[i] === "-c") i++;
+    else if (!argv[i]!.startsWith("-")) return argv[i]!;
+  }
+  return argv[0] ?? "";
+}
+
+/** git's own words in a failure, without what simple-git, the runner or GIT_TRACE (see traced) added. */
 export function gitMessage(err: unknown): string {
   if (err instanceof GitCommandError) return err.stderr;
-  return (err instanceof GitError ? err.message : String(err)).trim();
+  return (err instanceof GitError ? err.message : String(err)).replace(TRACE_LINE, "").trim();
+}
+
+/** A line GIT_TRACE writes: time, source file and line, then the trace. */
+const TRACE_LINE = /^\d\d:\d\d:\d\d\.\d+ [\w./-]+:\d+ +trace: .*\n?/gm;
+
+/**
+ * git with its trace on stderr, for a command that prints nothing when it
+ * succeeds: simple-git waits 50 ms more for a process that wrote no output
+ * (its completion plugin's deferClose), and the trace line spares that wait.
+ * It changes the instance it is given, so pass one made for the command.
+ */
+export function traced(git: SimpleGit): SimpleGit {
+  return git.env("GIT_TRACE", "1");
 }
 
 let log: Logger | undefined;

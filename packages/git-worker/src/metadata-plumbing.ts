@@ -2,8 +2,8 @@
 import * as fs from "node:fs/promises";
 import * as path from "node:path";
 import type { SimpleGit } from "simple-git";
-import { ARGV_BATCH, type Author, authorEnv, chunks, gitIn, runGit } from "./git";
-import { listingPath, MAX_LISTING_BYTES, type MetadataEntry, parseListing } from "./metadata-format";
+import { ARGV_BATCH, type Author, authorEnv, chunks, gitIn, runGit, traced } from "./git";
+import { baseName, listingPath, MAX_LISTING_BYTES, type MetadataEntry, parentOf, parseListing } from "./metadata-format";
 
 export interface TreeBlob {
   path: string;
@@ -63,24 +63,89 @@ export interface BaseListing {
   entries: Map<string, MetadataEntry>;
 }
 
-/** The listings of one branch in the base metadata commit, read on demand and in batches. */
-export class BaseListings {
-  private readonly cache = new Map<string, BaseListing | null>();
+/** How many metadata commits the listing cache remembers. */
+const CACHED_COMMITS = 64;
+/** A record that writes more than this (a branch's first, which walks the tree) leaves its listings to be read from git. */
+const CACHED_WRITE_BYTES = 1024 * 1024;
 
+/**
+ * Listings already read from git or written to it, by metadata commit and
+ * listing path (null: the commit has none). A commit's listings never
+ * change, and a commit the worker writes shares every listing it did not
+ * write with its base: the next record on it reads nothing from git.
+ */
+export class ListingCache {
+  private readonly commits = new Map<string, Map<string, BaseListing | null>>();
+
+  /** Whether a listing of this commit was read or written here: the commit is known to exist. */
+  knows(commit: string): boolean {
+    return this.commits.has(commit);
+  }
+
+  get(commit: string, key: string): BaseListing | null | undefined {
+    return this.commits.get(commit)?.get(key);
+  }
+
+  set(commit: string, key: string, listing: BaseListing | null): void {
+    this.listings(commit).set(key, listing);
+  }
+
+  /** commit is base with these listings written and these removed. */
+  derive(base: string, commit: string, written: Map<string, BaseListing>, removed: string[]): void {
+    const listings = this.listings(commit);
+    for (const [key, listing] of this.commits.get(base) ?? []) if (!listings.has(key)) listings.set(key, listing);
+    for (const key of removed) listings.set(key, null);
+    let bytes = 0;
+    for (const listing of written.values()) bytes += listing.raw.length;
+    if (bytes > CACHED_WRITE_BYTES) {
+      for (const key of written.keys()) listings.delete(key);
+      return;
+    }
+    for (const [key, listing] of written) listings.set(key, listing);
+  }
+
+  private listings(commit: string): Map<string, BaseListing | null> {
+    let listings = this.commits.get(commit);
+    if (!listings) {
+      listings = new Map();
+      this.commits.set(commit, listings);
+      if (this.commits.size > CACHED_COMMITS) this.commits.delete(this.commits.keys().next().value!);
+    }
+    return listings;
+  }
+}
+
+/** A listing as read from its blob; one under the wrong key, or one that does not parse, is taken as empty. */
+export function baseListing(dir: string, oid: string, raw: Buffer): BaseListing {
+  const parsed = parseListing(raw);
+  const entries = parsed.problem === undefined && parsed.dir === dir ? new Map(parsed.entries.map((e) => [e.name, e])) : new Map<string, MetadataEntry>();
+  return { oid, raw, entries };
+}
+
+/** The listings of one branch in the base metadata commit, read on demand, in batches, and through the cache. */
+export class BaseListings {
   constructor(
     private readonly git: SimpleGit,
     private readonly commit: string,
     private readonly branch: string,
+    private readonly cache: ListingCache,
   ) {}
 
+  /** A record lists a directory only where its parent's listing names it as one: a changed file has no listing to read. */
+  private notADirectory(dir: string): boolean {
+    if (dir === "") return false;
+    const parent = this.cache.get(this.commit, listingPath(this.branch, parentOf(dir)));
+    return parent !== undefined && parent !== null && parent.entries.get(baseName(dir))?.type !== "dir";
+  }
+
   get(dir: string): BaseListing | null {
-    return this.cache.get(dir) ?? null;
+    return this.commit === "" ? null : (this.cache.get(this.commit, listingPath(this.branch, dir)) ?? null);
   }
 
   async load(dirs: Iterable<string>): Promise<void> {
-    const wanted = [...new Set(dirs)].filter((d) => !this.cache.has(d));
-    for (const d of wanted) this.cache.set(d, null);
-    if (this.commit === "" || wanted.length === 0) return;
+    if (this.commit === "") return;
+    const wanted = [...new Set(dirs)].filter((d) => this.cache.get(this.commit, listingPath(this.branch, d)) === undefined && !this.notADirectory(d));
+    if (wanted.length === 0) return;
     const byPath = new Map(wanted.map((d) => [listingPath(this.branch, d), d]));
     const found: (TreeBlob & { dir: string })[] = [];
     const paths = [...byPath.keys()];
@@ -92,13 +157,8 @@ export class BaseListings {
       }
     }
     const contents = await readBlobs(this.git, found);
-    for (const b of found) {
-      const raw = contents.get(b.oid)!;
-      const parsed = parseListing(raw);
-      // A listing under the wrong key, or one that does not parse, is replaced by what the tree holds.
-      const entries = parsed.problem === undefined && parsed.dir === b.dir ? new Map(parsed.entries.map((e) => [e.name, e])) : new Map<string, MetadataEntry>();
-      this.cache.set(b.dir, { oid: b.oid, raw, entries });
-    }
+    for (const d of wanted) this.cache.set(this.commit, listingPath(this.branch, d), null);
+    for (const b of found) this.cache.set(this.commit, b.path, baseListing(b.dir, b.oid, contents.get(b.oid)!));
   }
 }
 
@@ -147,14 +207,27 @@ export async function ignoredAmong(tree: SimpleGit | undefined, paths: string[])
     return out;
   }
   for (const batch of chunks(asked)) {
-    // Exit status 1 with nothing on stderr means none is ignored: simple-git resolves it with "".
-    const text = await runGit(tree, ["--no-literal-pathspecs", "check-ignore", "--", ...batch.map((p) => `./${p}`)]);
+    // Every path gets a line, matched or not: a git that prints nothing costs 50 ms more under simple-git (see traced).
+    const text = await runGit(tree, ["--no-literal-pathspecs", "check-ignore", "--verbose", "--non-matching", "--", ...batch.map((p) => `./${p}`)]);
     for (const line of text.split("\n")) {
-      const p = unquoteGitPath(line);
-      if (p !== "") out.add(p.startsWith("./") ? p.slice(2) : p);
+      const p = ignoredPath(line);
+      if (p !== undefined) out.add(p.startsWith("./") ? p.slice(2) : p);
     }
   }
   return out;
+}
+
+/**
+ * The path of a `check-ignore --verbose` line, `<source>:<line>:<pattern>TAB<path>`,
+ * when its pattern ignores it: "::" matched nothing, and a negated pattern keeps the path.
+ * A quoted path holds no tab, so the last one ends the pattern.
+ */
+function ignoredPath(line: string): string | undefined {
+  const tab = line.lastIndexOf("\t");
+  if (tab < 0) return undefined;
+  const pattern = /^.*?:\d+:(.*)$/s.exec(line.slice(0, tab))?.[1];
+  if (pattern === undefined || pattern.startsWith("!")) return undefined;
+  return unquoteGitPath(line.slice(tab + 1));
 }
 
 /** git in the same repository as `repo`, with its own index and the metadata author. */
@@ -181,12 +254,22 @@ export interface ListingWrite {
   text: string;
 }
 
+/** Where a metadata commit is written: the repository, the caller's private index, its author, and the listing cache that learns the commit. */
+export interface MetadataWriter {
+  gitDir: string;
+  indexFile: string;
+  author: Author;
+  cache: ListingCache;
+}
+
 /**
  * The metadata commit on top of base with these listings written and these
- * listing paths removed, built in a private index; base itself when the tree
- * comes out the same.
+ * listing paths removed, built in a private index. Each write differs from
+ * base's listing and each removal names one base has, so the tree always
+ * differs from base's.
  */
-export async function writeMetadataCommit(gitDir: string, indexFile: string, author: Author, base: string, branch: string, writes: ListingWrite[], removes: string[]): Promise<string> {
+export async function writeMetadataCommit(w: MetadataWriter, base: string, branch: string, writes: ListingWrite[], removes: string[]): Promise<string> {
+  const { gitDir, indexFile, author } = w;
   const git = privateGit(gitDir, indexFile, author);
   const near = path.dirname(indexFile);
   await fs.mkdir(near, { recursive: true });
@@ -200,16 +283,19 @@ export async function writeMetadataCommit(gitDir: string, indexFile: string, aut
     );
     // The index is the caller's own and rebuilt from base: a lock left by a crash is stale.
     await fs.rm(`${indexFile}.lock`, { force: true });
-    await runGit(git, base === "" ? ["read-tree", "--empty"] : ["read-tree", base]);
+    // Each command prints something (a trace, --verbose): simple-git waits 50 ms more for a silent one (see traced).
+    await runGit(traced(privateGit(gitDir, indexFile, author)), base === "" ? ["read-tree", "--empty"] : ["read-tree", base]);
     for (const [n, batch] of chunks(writes).entries()) {
       const args = batch.flatMap((w, j) => ["--cacheinfo", `100644,${oids[n * ARGV_BATCH + j]},${listingPath(branch, w.dir)}`]);
-      await runGit(git, ["update-index", "--add", ...args]);
+      await runGit(git, ["update-index", "--verbose", "--add", ...args]);
     }
     if (removes.length > 0) await removeFromIndex(gitDir, indexFile, author, scratch, removes);
     const tree = (await runGit(git, ["write-tree"])).trim();
-    if (base !== "" && tree === (await runGit(git, ["rev-parse", `${base}^{tree}`])).trim()) return base;
     const message = `git-csi metadata: ${branch}: ${writes.length} listing(s) written, ${removes.length} dropped`;
-    return (await runGit(git, ["commit-tree", tree, ...(base === "" ? [] : ["-p", base]), "-m", message])).trim();
+    const commit = (await runGit(git, ["commit-tree", tree, ...(base === "" ? [] : ["-p", base]), "-m", message])).trim();
+    const written = new Map(writes.map((write, n) => [listingPath(branch, write.dir), baseListing(write.dir, oids[n]!, Buffer.from(write.text, "utf8"))]));
+    w.cache.derive(base, commit, written, removes);
+    return commit;
   } finally {
     await fs.rm(scratch, { recursive: true, force: true });
   }
@@ -220,5 +306,5 @@ async function removeFromIndex(gitDir: string, indexFile: string, author: Author
   const emptyTree = path.join(scratch, "work-tree");
   await fs.mkdir(emptyTree);
   const remover = privateGit(gitDir, indexFile, author, { GIT_WORK_TREE: emptyTree });
-  for (const batch of chunks(removes)) await runGit(remover, ["update-index", "--force-remove", "--", ...batch]);
+  for (const batch of chunks(removes)) await runGit(remover, ["update-index", "--verbose", "--force-remove", "--", ...batch]);
 }

@@ -3,12 +3,14 @@ import type { SimpleGit } from "simple-git";
 import type { Author } from "./git";
 import { runGit } from "./git";
 import { baseName, byteOrder, formatListing, joinRel, listingPath, type MetadataEntry, normalizeChanged, parentOf, sameEntry } from "./metadata-format";
-import { BaseListings, ignoredAmong, type ListingWrite, privateGit, writeMetadataCommit } from "./metadata-plumbing";
+import { BaseListings, ignoredAmong, type ListingCache, type ListingWrite, privateGit, writeMetadataCommit } from "./metadata-plumbing";
 import { inBatches, TreeView, vanished } from "./metadata-tree";
 
 export interface RecordOptions {
-  /** git in the repository that holds the metadata commits (the store's bare repository). */
-  repo: SimpleGit;
+  /** The repository that holds the metadata commits (the store's bare repository). */
+  gitDir: string;
+  /** Listings known from earlier records and reads. */
+  cache: ListingCache;
   /** The volume's work tree. */
   treeDir: string;
   branch: string;
@@ -29,6 +31,8 @@ export interface RecordOptions {
    * recorded: neither its modes nor its names reach the remote.
    */
   tree?: SimpleGit;
+  /** Paths the caller knows git does not ignore (git status listed them): nobody asks git again. */
+  notIgnored?: Set<string>;
 }
 
 /**
@@ -53,19 +57,19 @@ export interface RecordOptions {
  * record again on top of where it is now with the same changed paths.
  */
 export async function recordMetadata(opts: RecordOptions): Promise<string> {
-  const gitDir = (await runGit(opts.repo, ["rev-parse", "--absolute-git-dir"])).trim();
-  const indexFile = path.resolve(opts.indexFile);
-  const git = privateGit(gitDir, indexFile, opts.author);
-  if (opts.base !== "" && (await runGit(git, ["rev-parse", "--verify", "--quiet", `${opts.base}^{commit}`])).trim() === "") {
+  const writer = { gitDir: opts.gitDir, indexFile: path.resolve(opts.indexFile), author: opts.author, cache: opts.cache };
+  const git = privateGit(writer.gitDir, writer.indexFile, opts.author);
+  // A commit the cache knows was read or written here already.
+  if (opts.base !== "" && !opts.cache.knows(opts.base) && (await runGit(git, ["rev-parse", "--verify", "--quiet", `${opts.base}^{commit}`])).trim() === "") {
     throw new Error(`the metadata base ${opts.base} is not a commit`);
   }
   const view = new TreeView(opts.treeDir);
   await view.stat("");
-  const base = new BaseListings(git, opts.base, opts.branch);
-  const listings = await new Recording(view, base, opts.tree).run(opts.changedPaths);
+  const base = new BaseListings(git, opts.base, opts.branch, opts.cache);
+  const listings = await new Recording(view, base, opts.tree, opts.notIgnored ?? new Set()).run(opts.changedPaths);
   const { writes, removes } = changedListings(listings, base, opts.branch);
   if (writes.length === 0 && removes.length === 0) return opts.base;
-  return writeMetadataCommit(gitDir, indexFile, opts.author, opts.base, opts.branch, writes, removes);
+  return writeMetadataCommit(writer, opts.base, opts.branch, writes, removes);
 }
 
 /** A directory's new listing; null: it has none. */
@@ -92,6 +96,7 @@ class Recording {
     private readonly view: TreeView,
     private readonly base: BaseListings,
     private readonly tree: SimpleGit | undefined,
+    private readonly notIgnored: Set<string>,
   ) {}
 
   async run(changedPaths: string[]): Promise<Map<string, Listing>> {
@@ -127,7 +132,8 @@ class Recording {
     // lstat what the wave needs, then ask git once which of it is ignored.
     const listed = await this.listAfresh(fullWave);
     const patched = await this.patchable(patchWave);
-    const ignored = await ignoredAmong(this.tree, await this.askedAbout(listed, patched));
+    const asked = (await this.askedAbout(listed, patched)).filter((p) => !this.notIgnored.has(p));
+    const ignored = await ignoredAmong(this.tree, asked);
     this.takeListed(listed, ignored);
     await this.takePatched(patched, ignored);
     await this.updateParents(listed, ignored);

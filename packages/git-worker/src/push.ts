@@ -24,27 +24,33 @@ export class VolumePush {
     private readonly upstream: VolumeUpstream,
   ) {}
 
-  /** Any failure to reach the remote on the way (a fetch, the metadata, the push itself) is a failed push. */
-  async push(trigger: string): Promise<SyncOutcome> {
+  /**
+   * Any failure to reach the remote on the way (a fetch, the metadata, the
+   * push itself) is a failed push. `head`: the commit HEAD names, when the
+   * commit just before this push made it.
+   */
+  async push(trigger: string, head?: string): Promise<SyncOutcome> {
     try {
       // A whole push, fetch and rebase included, holds the URL's repository: volumes of one URL take turns.
-      return await this.s.ctx.onRepository(() => this.pushOnce(trigger));
+      return await this.s.ctx.onRepository(() => this.pushOnce(trigger, head));
     } catch (err) {
       if (err instanceof RemoteError) return this.pushFailed(err.message);
       throw err;
     }
   }
 
-  private async pushOnce(trigger: string): Promise<SyncOutcome> {
+  private async pushOnce(trigger: string, committed: string | undefined): Promise<SyncOutcome> {
     const s = this.s;
     this.scheduler.pushStarts();
     if (s.waitingForCredential) {
       const decision = withoutCredential(trigger, s.unpushed);
       return "fail" in decision ? this.pushFailed(decision.fail) : decision.wait;
     }
+    // A heal moves HEAD.
+    const head = s.onSideBranch ? undefined : committed;
     if (s.onSideBranch) await this.upstream.tryToHeal();
     if (!somethingToPush(s.unpushed, s.refDeleted, s.metadataChanged.size)) return { pushed: true, message: "nothing to push" };
-    const failed = await this.pushChanges();
+    const failed = await this.pushChanges(head ?? (await revParse(s.tree, "HEAD")));
     if (failed) return failed;
     return { pushed: true, message: `pushed to ${s.pushBranch}` };
   }
@@ -60,15 +66,14 @@ export class VolumePush {
    * scratch worktree; the pod's tree takes it once it landed. Answers the
    * failure, or nothing once everything landed.
    */
-  private async pushChanges(): Promise<SyncOutcome | undefined> {
+  private async pushChanges(head: string): Promise<SyncOutcome | undefined> {
     const s = this.s;
-    const head = await revParse(s.tree, "HEAD");
     let candidate = head;
     let metadata = await this.recordMetadata();
     for (let rebases = 0, retries = 0; ;) {
       const withCommits = commitsToPush(s.unpushed, s.refDeleted);
       if (!withCommits && !metadata) return undefined;
-      const changes = [...(withCommits ? [branchChange(candidate, s.pushBranch)] : []), ...(metadata ? [metadataChange(metadata.commit)] : [])];
+      const changes = [...(withCommits ? [branchChange(candidate, s.pushBranch)] : []), ...(metadata ? [metadataChange(metadata.commit, metadata.base)] : [])];
       // Only a push that may be large asks git what it would send: that walk costs more than a small push saves.
       const mayBeLarge = s.unpushedBytes > STAGE_BYTES || candidate !== head || metadata?.base === "";
       const result = await s.fenced((repo, fence) => pushChanges(repo, changes, fence), mayBeLarge ? changes : []);
@@ -105,7 +110,8 @@ export class VolumePush {
   private async landed(head: string, candidate: string): Promise<void> {
     if (candidate !== head) await this.upstream.takeRebased(head, candidate);
     this.pushed();
-    await this.upstream.refreshUnpushed();
+    // HEAD itself landed: nothing is left to count. A tree that could not take a rebased commit keeps commits the remote lacks.
+    if (candidate !== head) await this.upstream.refreshUnpushed();
   }
 
   /**
@@ -119,7 +125,8 @@ export class VolumePush {
     const recorded = [...s.metadataChanged];
     const base = await revParse(s.repo, UPSTREAM_METADATA);
     const commit = await recordMetadata({
-      repo: s.repo,
+      gitDir: s.ctx.store.repoDir(s.ctx.source.url),
+      cache: s.ctx.store.listings,
       treeDir: s.treeDir,
       branch: s.branch,
       base,
@@ -127,6 +134,7 @@ export class VolumePush {
       indexFile: path.join(s.volumeDir, "metadata.index"),
       author: s.policy!.author,
       tree: s.tree,
+      notIgnored: s.committedPaths,
     });
     if (commit !== base) return { commit, base, recorded };
     for (const p of recorded) s.metadataChanged.delete(p);
@@ -141,6 +149,7 @@ export class VolumePush {
     s.upstreamMovedOverWrites = false;
     s.unpushed = 0;
     s.unpushedBytes = 0;
+    s.committedPaths.clear();
     this.report.emit(Reason.Pushed, "Normal", `pushed to ${s.pushBranch}`);
     this.scheduler.pushed(s.pending.size > 0);
     this.report.publishMetrics();

@@ -113,30 +113,37 @@ export async function stageObjects(repo: SimpleGit, volumeId: string, changes: R
 export async function pushUpdates(repo: SimpleGit, updates: RefUpdate[]): Promise<PushResult> {
   const leases = updates.map((u) => `--force-with-lease=${u.ref}:${u.expected}`);
   const refspecs = updates.map((u) => `${u.next}:${u.ref}`);
+  // A push moves the tracking ref its remote's fetch refspecs map a pushed ref to: git updates each `seen` in the same process.
+  const tracking = updates.flatMap((u) => (u.seen ? ["-c", `remote.origin.fetch=+${u.ref}:${u.seen}`] : []));
   try {
-    await runGit(repo, ["push", "--porcelain", ...(updates.length > 1 ? ["--atomic"] : []), ...leases, "origin", ...refspecs]);
+    await runGit(repo, [...tracking, "push", "--porcelain", ...(updates.length > 1 ? ["--atomic"] : []), ...leases, "origin", ...refspecs]);
   } catch (err) {
     const message = gitMessage(err);
     if (REF_MOVED.test(message)) return { outcome: "rejected", message };
     return { outcome: "failed", message };
   }
-  for (const u of updates) if (u.seen) await runGit(repo, u.next === "" ? ["update-ref", "-d", u.seen] : ["update-ref", u.seen, u.next]);
   return { outcome: "pushed" };
 }
 
-/** A commit for a ref, pushed as a compare-and-swap from `seen`: the node's ref holding its last view of `ref`. */
+/**
+ * A commit for a ref, pushed as a compare-and-swap from `seen`: the node's
+ * ref holding its last view of `ref`. `base`, when given, is where `seen`
+ * stood when the caller made `commit` on top of it, in the same hold of the
+ * repository: nobody asks git for either again.
+ */
 export interface RefChange {
   ref: string;
   seen: string;
   commit: string;
+  base?: string;
 }
 
 export function branchChange(commit: string, branch: string): RefChange {
   return { ref: `refs/heads/${branch}`, seen: upstreamRef(branch), commit };
 }
 
-export function metadataChange(commit: string): RefChange {
-  return { ref: METADATA_REF, seen: UPSTREAM_METADATA, commit };
+export function metadataChange(commit: string, base: string): RefChange {
+  return { ref: METADATA_REF, seen: UPSTREAM_METADATA, commit, base };
 }
 
 /**
@@ -145,17 +152,32 @@ export function metadataChange(commit: string): RefChange {
  */
 export async function pushChanges(repo: SimpleGit, changes: RefChange[], fence: Fence): Promise<PushResult> {
   const updates: RefUpdate[] = [];
-  for (const { ref, seen, commit } of changes) {
-    const expected = await revParse(repo, seen);
-    // The lease alone would let a push replace commits it does not contain: volumes of one URL
-    // share the node's view of the remote, so another volume's push moves it. Only a commit
-    // that descends from what the remote holds is ever sent; anything else rebases first.
-    if (expected !== "" && !(await isAncestor(repo, expected, commit))) {
-      return { outcome: "rejected", message: `${ref} holds ${expected.slice(0, 12)}, which ${commit.slice(0, 12)} does not contain` };
-    }
-    updates.push({ ref, expected, next: commit, seen });
+  for (const change of changes) {
+    const expected = await expectedAt(repo, change);
+    if (typeof expected !== "string") return expected;
+    updates.push({ ref: change.ref, expected, next: change.commit, seen: change.seen });
   }
   return pushUpdates(repo, [...updates, ...fence]);
+}
+
+/**
+ * What a change's compare-and-swap expects: the node's view of its ref, which
+ * the commit must contain. The lease alone would let a push replace commits
+ * it does not contain: volumes of one URL share the node's view of the
+ * remote, so another volume's push moves it. Only a commit that descends
+ * from what the remote holds is ever sent; anything else rebases first.
+ */
+async function expectedAt(repo: SimpleGit, { ref, seen, commit, base }: RefChange): Promise<string | PushResult> {
+  if (base !== undefined) return base;
+  // The common case in one process: the view, listed only when commit contains it.
+  const listed = await runGit(repo, ["for-each-ref", `--merged=${commit}`, "--format=%(objectname) %(refname)", seen]);
+  const contained = listed.split("\n").find((line) => line.endsWith(` ${seen}`));
+  if (contained !== undefined) return contained.split(" ")[0]!;
+  const expected = await revParse(repo, seen);
+  if (expected !== "" && !(await isAncestor(repo, expected, commit))) {
+    return { outcome: "rejected", message: `${ref} holds ${expected.slice(0, 12)}, which ${commit.slice(0, 12)} does not contain` };
+  }
+  return expected;
 }
 
 export function pushCommit(repo: SimpleGit, commit: string, branch: string, fence: Fence): Promise<PushResult> {

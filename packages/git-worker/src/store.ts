@@ -6,6 +6,7 @@ import { BRANCH_RULE, branchOf, remoteUrlProblem } from "@git-csi/config";
 import { failedPrecondition, invalidArgument } from "@git-csi/protos";
 import type { RemoteOptions } from "./access";
 import { gitIn, runGit } from "./git";
+import { ListingCache } from "./metadata-plumbing";
 
 /**
  * The node's git store: one bare repository per URL under repos/, shared by
@@ -16,6 +17,9 @@ import { gitIn, runGit } from "./git";
  * that no prune drops the admin directory of a tree whose link is gone.
  */
 export class Store {
+  /** refs/git-csi/metadata's listings the worker read or wrote, shared by every volume: a commit's listings are the same in any repository. */
+  readonly listings = new ListingCache();
+
   constructor(readonly stateDir: string) {}
 
   repoDir(url: string): string {
@@ -57,11 +61,13 @@ export class Store {
   /**
    * git in a volume's work tree: paths are literal (a file named `*` is a
    * file, not a glob) and the class's ignore patterns apply on top of the
-   * repository's own .gitignore.
+   * repository's own .gitignore. The index is split: a command that changes
+   * a few entries writes those, not the whole tree's index again.
    */
   tree(url: string, volumeId: string, env: Record<string, string> = {}): SimpleGit {
     return gitAt(this.treeDir(volumeId), { GIT_DIR: this.treeGitDir(url, volumeId), GIT_WORK_TREE: this.treeDir(volumeId), GIT_LITERAL_PATHSPECS: "1", ...env }, [
       `core.excludesFile=${this.excludesFile(volumeId)}`,
+      "core.splitIndex=true",
     ]);
   }
 

@@ -255,8 +255,8 @@ export class VolumeSync {
     return this.enqueue(async () => {
       await this.committer.refreshPending();
       if (!this.s.policy) return { pushed: this.s.unpushed === 0, message: "unarmed: nothing is committed or pushed" };
-      await this.committer.commitOrRetry(trigger);
-      return this.pusher.push(trigger);
+      const head = await this.committer.commitOrRetry(trigger);
+      return this.pusher.push(trigger, head);
     });
   }
 

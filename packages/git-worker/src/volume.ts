@@ -58,6 +58,8 @@ export class VolumeState {
   readonly pending = new Set<string>();
   /** Every path the watcher saw since the last push, for refs/git-csi/metadata: modes and empty directories too. */
   readonly metadataChanged = new Set<string>();
+  /** Files the commits since the last push hold: git listed them as changed, so it does not ignore them. */
+  readonly committedPaths = new Set<string>();
   /** Paths over commit.maxFileSize, with their size. */
   readonly skipped = new Map<string, number>();
   fullScan = false;

@@ -7,6 +7,7 @@ import * as path from "node:path";
 import { after, test } from "node:test";
 import { simpleGit, type SimpleGit } from "simple-git";
 import { branchTreeName, formatListing, listingKey, listingPath, type MetadataEntry, parseListing } from "../src/metadata-format";
+import { ListingCache } from "../src/metadata-plumbing";
 import { recordMetadata } from "../src/metadata-record";
 import { replayMetadata } from "../src/metadata-replay";
 
@@ -22,6 +23,7 @@ interface Fixture {
   repo: SimpleGit;
   tree: string;
   index: string;
+  cache: ListingCache;
   git: (args: string[], env?: Record<string, string>, input?: string) => string;
 }
 
@@ -35,7 +37,7 @@ async function fixture(): Promise<Fixture> {
   const repo = simpleGit({ baseDir: dir, trimmed: false }).env({ PATH: process.env.PATH ?? "/usr/bin:/bin", HOME: dir, GIT_DIR: bare });
   const tree = path.join(dir, "tree");
   await fs.mkdir(tree);
-  return { dir, bare, repo, tree, index: path.join(dir, "sync", "metadata.index"), git };
+  return { dir, bare, repo, tree, index: path.join(dir, "sync", "metadata.index"), cache: new ListingCache(), git };
 }
 
 async function file(p: string, mode: number, content = "x\n"): Promise<void> {
@@ -113,7 +115,7 @@ async function sampleTree(tree: string): Promise<void> {
 const sampleFiles = ["README", "secret", "bin/run", "bin/suid", "shared/owned", "link", "empty", "deep/er/est"];
 
 async function record(f: Fixture, base: string, changedPaths: string[], branch = "main", tree?: SimpleGit): Promise<string> {
-  return recordMetadata({ repo: f.repo, treeDir: f.tree, branch, base, changedPaths, indexFile: f.index, author, ...(tree ? { tree } : {}) });
+  return recordMetadata({ gitDir: f.bare, cache: f.cache, treeDir: f.tree, branch, base, changedPaths, indexFile: f.index, author, ...(tree ? { tree } : {}) });
 }
 
 test("branch names and keys", () => {
@@ -198,6 +200,25 @@ test("a change rewrites only the listing of its directory", async () => {
   assert.equal(await record(f, fourth, ["README"]), fourth);
 });
 
+test("a record on a commit the worker wrote reads its listings from the cache, and a fresh read gives the same commit", async () => {
+  const f = await fixture();
+  await sampleTree(f.tree);
+  const first = await record(f, "", sampleFiles);
+  await fs.chmod(path.join(f.tree, "bin/run"), 0o700);
+  const second = await record(f, first, ["bin/run"]);
+  await fs.writeFile(path.join(f.tree, "bin/run"), "appended\n", { flag: "a" });
+  // No repository at all: a record that asked git anything would fail.
+  const none = path.join(f.dir, "none.git");
+  await fs.mkdir(none);
+  const unchanged = await recordMetadata({ gitDir: none, cache: f.cache, treeDir: f.tree, branch: "main", base: second, changedPaths: ["bin/run"], indexFile: f.index, author });
+  assert.equal(unchanged, second);
+
+  await fs.chmod(path.join(f.tree, "bin/run"), 0o750);
+  const cached = await record(f, second, ["bin/run"]);
+  const fresh = await recordMetadata({ gitDir: f.bare, cache: new ListingCache(), treeDir: f.tree, branch: "main", base: second, changedPaths: ["bin/run"], indexFile: f.index, author });
+  assert.equal(f.git(["rev-parse", `${cached}^{tree}`]), f.git(["rev-parse", `${fresh}^{tree}`]));
+});
+
 test("a deleted directory drops its listing and every listing below it", async () => {
   const f = await fixture();
   await sampleTree(f.tree);
@@ -256,7 +277,7 @@ async function ignoringFixture(): Promise<{ f: Fixture; wt: string; treeGit: Sim
   f.git(["init", "--bare", "--quiet", wt]);
   f.git(["config", "core.bare", "false"], { GIT_DIR: wt });
   const excludes = path.join(f.dir, "ignore");
-  await fs.writeFile(excludes, ".storage/\n*.log\n");
+  await fs.writeFile(excludes, ".storage/\n*.log\n!kept.log\n");
   const treeGit = simpleGit({ baseDir: f.dir, trimmed: false, config: [`core.excludesFile=${excludes}`] }).env({
     PATH: process.env.PATH ?? "/usr/bin:/bin",
     HOME: f.dir,
@@ -273,6 +294,7 @@ test("ignored paths are not recorded when the tree's git is given", async () => 
   await file(path.join(f.tree, "app.log"), 0o600);
   await file(path.join(f.tree, 'é "q".log'), 0o600);
   await file(path.join(f.tree, "tracked.log"), 0o640);
+  await file(path.join(f.tree, "kept.log"), 0o640);
   await file(path.join(f.tree, ":colon.log"), 0o600);
   await file(path.join(f.tree, ":conf"), 0o600);
   await file(path.join(f.tree, ".storage/db"), 0o600);
@@ -281,7 +303,7 @@ test("ignored paths are not recorded when the tree's git is given", async () => 
   const commit = await record(f, "", ["conf.yaml", "app.log", ".storage/db", "data/.storage/db"], "main", treeGit);
   assert.deepEqual(
     listing(f, commit, "main", "")?.entries.map((e) => e.name),
-    [":conf", "conf.yaml", "data", "tracked.log"],
+    [":conf", "conf.yaml", "data", "kept.log", "tracked.log"],
   );
   assert.equal(listing(f, commit, "main", "data"), undefined);
   assert.equal(listing(f, commit, "main", ".storage"), undefined);
