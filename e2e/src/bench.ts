@@ -1,14 +1,15 @@
 // make bench: three sections, in one run on this machine.
 //
-//   node e2e/dist/src/bench.js [--quick] [--commit-only | --scale-only] [--out DIR]
+//   node e2e/dist/src/bench.js [--quick] [--passthrough-only | --commit-only | --scale-only] [--out DIR]
 //
 // 1. The driver's FUSE passthrough against a plain directory and against
 //    bindfs (skipped with --commit-only or --scale-only).
 // 2. Commit cost: one changed file in a small and a large tree, committed and
 //    pushed by the driver, by hand with git on that one path, and by a full
-//    scan (git add --all); see "Section 2" below (skipped with --scale-only).
+//    scan (git add --all); see "Section 2" below (skipped with
+//    --passthrough-only or --scale-only).
 // 3. Scale: many volumes staged on one node, idle and then written once each
-//    (bench-scale.ts; skipped with --commit-only).
+//    (bench-scale.ts; skipped with --passthrough-only or --commit-only).
 //
 // Section 1 has three paths over the same kind of directory, all on one disk:
 //   direct  a plain directory beside the volume's work tree,
@@ -18,8 +19,8 @@
 //           directory.
 // Every workload runs in its own process (dd, python3, sh): the bench process
 // never makes a file call into a FUSE mount. The page cache is dropped before
-// each timed step. Results: results.json and results.md in --out; with
-// --commit-only, the section 1 already there is kept as it was.
+// each timed step. Results: results.json and results.md in --out; the sections
+// a run skips are kept as the last run wrote them.
 import { type ChildProcess, spawn } from "node:child_process";
 import * as fs from "node:fs/promises";
 import * as os from "node:os";
@@ -47,6 +48,7 @@ const SQLITE_BATCH = 100;
 
 interface Config {
   quick: boolean;
+  passthroughOnly: boolean;
   commitOnly: boolean;
   scaleOnly: boolean;
   scale: ScaleConfig;
@@ -80,12 +82,19 @@ const log = (text: string) => process.stderr.write(`${text}\n`);
 function parseConfig(argv: string[]): Config {
   const { values } = parseArgs({
     args: argv,
-    options: { quick: { type: "boolean", default: false }, "commit-only": { type: "boolean", default: false }, "scale-only": { type: "boolean", default: false }, out: { type: "string" } },
+    options: {
+      quick: { type: "boolean", default: false },
+      "passthrough-only": { type: "boolean", default: false },
+      "commit-only": { type: "boolean", default: false },
+      "scale-only": { type: "boolean", default: false },
+      out: { type: "string" },
+    },
     strict: true,
   });
   const quick = values.quick === true;
   return {
     quick,
+    passthroughOnly: values["passthrough-only"] === true,
     commitOnly: values["commit-only"] === true,
     scaleOnly: values["scale-only"] === true,
     scale: { volumes: quick ? 20 : 200, idleMs: quick ? 20_000 : 60_000 },
@@ -925,23 +934,25 @@ async function main(): Promise<void> {
   const dir = await fs.mkdtemp(path.join(os.tmpdir(), "git-csi-bench-"));
 
   try {
-    log(`bench: ${config.quick ? "quick" : "full"} run${config.commitOnly ? ", commit cost only" : ""}${config.scaleOnly ? ", scale only" : ""}; scratch ${dir}`);
+    log(
+      `bench: ${config.quick ? "quick" : "full"} run${config.passthroughOnly ? ", passthrough only" : ""}${config.commitOnly ? ", commit cost only" : ""}${config.scaleOnly ? ", scale only" : ""}; scratch ${dir}`,
+    );
     const env = await environment(config);
     const results = await previousResults(config.out);
     const kept = (name: keyof Results) => results[name] && log(`keeping section ${name} from ${String(results[name].environment.date)} in ${path.join(config.out, "results.json")}`);
     if (config.commitOnly || config.scaleOnly) kept("passthrough");
     else results.passthrough = await runPassthrough(config, path.join(dir, "passthrough"), env);
-    if (config.scaleOnly) kept("commitCost");
+    if (config.passthroughOnly || config.scaleOnly) kept("commitCost");
     else results.commitCost = await runCommitCost(config, path.join(dir, "commit"), env);
-    if (config.commitOnly) kept("scale");
+    if (config.passthroughOnly || config.commitOnly) kept("scale");
     else results.scale = await runScale(config.scale, path.join(dir, "scale"), env, log);
 
     const md = [
       "# git.liken.sh bench",
       "",
       results.passthrough ? passthroughMarkdown(results.passthrough) : "## 1. The FUSE passthrough\n\nNot run: `node e2e/dist/src/bench.js` without --commit-only or --scale-only runs it.\n",
-      results.commitCost ? commitMarkdown(results.commitCost) : "## 2. Commit cost\n\nNot run: `node e2e/dist/src/bench.js` without --scale-only runs it.\n",
-      results.scale ? scaleMarkdown(results.scale) : "## 3. Many volumes on one node\n\nNot run: `node e2e/dist/src/bench.js` without --commit-only runs it.\n",
+      results.commitCost ? commitMarkdown(results.commitCost) : "## 2. Commit cost\n\nNot run: `node e2e/dist/src/bench.js` without --passthrough-only or --scale-only runs it.\n",
+      results.scale ? scaleMarkdown(results.scale) : "## 3. Many volumes on one node\n\nNot run: `node e2e/dist/src/bench.js` without --passthrough-only or --commit-only runs it.\n",
     ].join("\n");
     await fs.writeFile(path.join(config.out, "results.json"), `${JSON.stringify(results, null, 2)}\n`);
     await fs.writeFile(path.join(config.out, "results.md"), md);
