@@ -72,12 +72,12 @@ const CLASS_PARAMETERS: Record<string, ParameterRule> = {
     rule: "comma-separated gitignore patterns, such as .storage/,*.db*,*.log",
     default: "(none)",
     apply: (value, policy) => {
-      const patterns = value
+      // Checked before trimming: a line break at a pattern's end is still one, never quietly dropped.
+      if (/[\n\r\0]/.test(value)) return "comma-separated gitignore patterns without line breaks";
+      policy.ignore = value
         .split(",")
         .map((p) => p.trim())
         .filter((p) => p !== "");
-      if (patterns.some((p) => /[\n\r\0]/.test(p))) return "comma-separated gitignore patterns without line breaks";
-      policy.ignore = patterns;
       return undefined;
     },
   },

@@ -37,6 +37,7 @@ test("a bad value names the parameter and its rule", () => {
   refused({ "commit.maxFileSize": "1Ti" }, "commit.maxFileSize", /size in bytes/);
   refused({ "commit.author": "nobody" }, "commit.author", /Name <email>/);
   refused({ ignore: "a\nb" }, "ignore", /line breaks/);
+  refused({ ignore: "*.log,\r" }, "ignore", /line breaks/);
   refused({ "push.quiesce": "10m", "push.maxLatency": "1m" }, "push.maxLatency", /shorter than push.quiesce 10m/);
 });
 
