@@ -88,16 +88,10 @@ export async function updatePaths(git: SimpleGit, paths: string[]): Promise<void
   for (const batch of chunks(paths)) await runGit(git, ["update-index", "--verbose", "--add", "--remove", "--replace", "--", ...batch]);
 }
 
-/** One path a commit changed against its parent. */
-export interface CommittedPath {
-  path: string;
-  deleted: boolean;
-}
-
-/** The paths that differ between two trees: git reads only the subtrees that differ, never the index. */
-export async function changedBetween(git: SimpleGit, from: string, to: string): Promise<CommittedPath[]> {
+/** The paths that differ between two trees, as statusOf answers: git reads only the subtrees that differ, never the index. */
+export async function changedBetween(git: SimpleGit, from: string, to: string): Promise<PathStatus[]> {
   const fields = (await runGit(git, ["diff-tree", "-r", "--no-renames", "--name-status", "-z", from, to])).split("\0");
-  const out: CommittedPath[] = [];
+  const out: PathStatus[] = [];
   for (let i = 0; i + 1 < fields.length; i += 2) out.push({ path: fields[i + 1]!, deleted: fields[i] === "D" });
   return out;
 }
