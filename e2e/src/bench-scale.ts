@@ -83,6 +83,73 @@ function deltas(before: Map<string, number>, after: Map<string, number>): number
   return REPOS.map((repo) => after.get(repo)! - before.get(repo)!);
 }
 
+/** Stages and publishes `count` volumes, alternating the repositories; each one's time. */
+async function stageAll(driver: Driver, server: GitServer, count: number, volumes: PublishedVolume[], log: (text: string) => void): Promise<{ samples: number[]; totalS: number }> {
+  const samples: number[] = [];
+  const started = Date.now();
+  for (let i = 0; i < count; i++) {
+    const t = performance.now();
+    const created = await createVolume(driver, `scale-${i}`, server.url(REPOS[i % REPOS.length]!));
+    volumes.push(await stageAndPublish(driver, created, undefined, `pod-${i}`));
+    samples.push(performance.now() - t);
+    if ((i + 1) % 50 === 0) log(`  staged ${i + 1} volumes, the last in ${Math.round(samples.at(-1)!)} ms`);
+  }
+  return { samples, totalS: (Date.now() - started) / 1000 };
+}
+
+/** The services' CPU and the remotes' pushes over idleMs, after the node settled. */
+async function measureIdle(
+  driver: Driver,
+  readers: Map<string, () => Promise<string[][]>>,
+  idleMs: number,
+  log: (text: string) => void,
+): Promise<{ cpuPercent: Record<Service, number>; pushesPerMinute: number[] }> {
+  log(`  idle: ${SETTLE_MS / 1000} s to settle, then ${idleMs / 1000} s measured`);
+  await sleep(SETTLE_MS);
+  const cpuBefore = await perService(driver, cpuTicks);
+  const pushesBefore = await allPushes(readers);
+  const started = performance.now();
+  await sleep(idleMs);
+  const cpuAfter = await perService(driver, cpuTicks);
+  const pushesAfter = await allPushes(readers);
+  const measuredS = (performance.now() - started) / 1000;
+  const ticksPerSecond = 100;
+  const cpuPercent = Object.fromEntries(SERVICES.map((s) => [s, ((cpuAfter[s] - cpuBefore[s]) / ticksPerSecond / measuredS) * 100])) as Record<Service, number>;
+  return { cpuPercent, pushesPerMinute: deltas(pushesBefore, pushesAfter).map((n) => (n * 60) / measuredS) };
+}
+
+/** Arms every volume and writes one file in each; how long until all were pushed, and the pushes each remote received. */
+async function writeOneEach(
+  driver: Driver,
+  server: GitServer,
+  volumes: PublishedVolume[],
+  readers: Map<string, () => Promise<string[][]>>,
+  log: (text: string) => void,
+): Promise<ScaleSection["writes"]> {
+  log("  arming every volume and writing one file in each");
+  const before = await allPushes(readers);
+  const started = performance.now();
+  for (const v of volumes) {
+    await setVolumeClass(driver, v.volumeId, { "push.quiesce": "1s", "push.maxLatency": "1m" }, "bench");
+    // A child process writes, as an application would: the bench itself makes no file call into a FUSE mount.
+    await driver.sh(`printf '%s\\n' '${v.volumeId}' > '${path.join(v.targetPath, `${v.volumeId}.txt`)}'`);
+  }
+  for (const v of volumes) {
+    for (let r = await report(driver, v.volumeId); r.pendingPaths.length > 0 || r.unpushedCommits > 0 || !r.armed; r = await report(driver, v.volumeId)) {
+      if (performance.now() - started > 15 * 60_000) throw new Error(`volume ${v.volumeId} did not push its file within 15 minutes`);
+      await sleep(200);
+    }
+  }
+  const allPushedS = (performance.now() - started) / 1000;
+  for (const [i, v] of volumes.entries()) {
+    const repo = REPOS[i % REPOS.length]!;
+    await server.git(repo, "cat-file", "-e", `refs/heads/main:${v.volumeId}.txt`).catch(() => {
+      throw new Error(`${repo} lacks the file written in ${v.volumeId}`);
+    });
+  }
+  return { allPushedS, pushes: deltas(before, await allPushes(readers)) };
+}
+
 export async function runScale(config: ScaleConfig, dir: string, environment: Record<string, unknown>, log: (text: string) => void): Promise<ScaleSection> {
   const repos = REPOS;
   let server: GitServer | undefined;
@@ -101,55 +168,10 @@ export async function runScale(config: ScaleConfig, dir: string, environment: Re
     await sleep(2000);
     const rssNoneMiB = await perService(driver, rssMiB);
 
-    const stageSamples: number[] = [];
-    const stageStarted = Date.now();
-    for (let i = 0; i < config.volumes; i++) {
-      const repo = REPOS[i % REPOS.length]!;
-      const t = performance.now();
-      const created = await createVolume(driver, `scale-${i}`, server.url(repo));
-      volumes.push(await stageAndPublish(driver, created, undefined, `pod-${i}`));
-      stageSamples.push(performance.now() - t);
-      if ((i + 1) % 50 === 0) log(`  staged ${i + 1} volumes, the last in ${Math.round(stageSamples.at(-1)!)} ms`);
-    }
-    const totalS = (Date.now() - stageStarted) / 1000;
-
-    log(`  idle: ${SETTLE_MS / 1000} s to settle, then ${config.idleMs / 1000} s measured`);
-    await sleep(SETTLE_MS);
-    const cpuBefore = await perService(driver, cpuTicks);
-    const pushesBefore = await allPushes(readers);
-    const idleStarted = performance.now();
-    await sleep(config.idleMs);
-    const cpuAfter = await perService(driver, cpuTicks);
-    const pushesAfter = await allPushes(readers);
-    const idleMs = performance.now() - idleStarted;
+    const staged = await stageAll(driver, server, config.volumes, volumes, log);
+    const idle = await measureIdle(driver, readers, config.idleMs, log);
     const rssStagedMiB = await perService(driver, rssMiB);
-    const ticksPerSecond = 100;
-    const idleCpuPercent = Object.fromEntries(SERVICES.map((s) => [s, ((cpuAfter[s] - cpuBefore[s]) / ticksPerSecond / (idleMs / 1000)) * 100])) as Record<Service, number>;
-    const idle = deltas(pushesBefore, pushesAfter);
-    const perMinute = (n: number) => (n * 60_000) / idleMs;
-
-    log("  arming every volume and writing one file in each");
-    const beforeWrites = await allPushes(readers);
-    const writesStarted = performance.now();
-    for (const v of volumes) {
-      await setVolumeClass(driver, v.volumeId, { "push.quiesce": "1s", "push.maxLatency": "1m" }, "bench");
-      // A child process writes, as an application would: the bench itself makes no file call into a FUSE mount.
-      await driver.sh(`printf '%s\\n' '${v.volumeId}' > '${path.join(v.targetPath, `${v.volumeId}.txt`)}'`);
-    }
-    for (const v of volumes) {
-      for (let r = await report(driver, v.volumeId); r.pendingPaths.length > 0 || r.unpushedCommits > 0 || !r.armed; r = await report(driver, v.volumeId)) {
-        if (performance.now() - writesStarted > 15 * 60_000) throw new Error(`volume ${v.volumeId} did not push its file within 15 minutes`);
-        await sleep(200);
-      }
-    }
-    const allPushedS = (performance.now() - writesStarted) / 1000;
-    for (const [i, v] of volumes.entries()) {
-      const repo = REPOS[i % REPOS.length]!;
-      await server.git(repo, "cat-file", "-e", `refs/heads/main:${v.volumeId}.txt`).catch(() => {
-        throw new Error(`${repo} lacks the file written in ${v.volumeId}`);
-      });
-    }
-    const written = deltas(beforeWrites, await allPushes(readers));
+    const writes = await writeOneEach(driver, server, volumes, readers, log);
     const rssAfterWritesMiB = await perService(driver, rssMiB);
 
     return {
@@ -158,17 +180,17 @@ export async function runScale(config: ScaleConfig, dir: string, environment: Re
       rssNoneMiB,
       rssStagedMiB,
       rssAfterWritesMiB,
-      idleCpuPercent,
+      idleCpuPercent: idle.cpuPercent,
       stageMs: {
-        samples: stageSamples,
-        median: median(stageSamples),
-        p90: percentile(stageSamples, 90),
-        first10Median: median(stageSamples.slice(0, 10)),
-        last10Median: median(stageSamples.slice(-10)),
-        totalS,
+        samples: staged.samples,
+        median: median(staged.samples),
+        p90: percentile(staged.samples, 90),
+        first10Median: median(staged.samples.slice(0, 10)),
+        last10Median: median(staged.samples.slice(-10)),
+        totalS: staged.totalS,
       },
-      idlePushesPerMinute: idle.map(perMinute),
-      writes: { allPushedS, pushes: written },
+      idlePushesPerMinute: idle.pushesPerMinute,
+      writes,
     };
   } finally {
     log("  cleaning up: unstaging every volume");

@@ -1,20 +1,20 @@
 #!/usr/bin/env node
 import { parseDuration, parseFlags, runMain, UsageError } from "@git-csi/config";
 import { ClassWatch, kubeConfigIfAny } from "@git-csi/k8s";
-import { createLogger, logLifecycle } from "@git-csi/logging";
+import { createLogger, type Logger, logLifecycle } from "@git-csi/logging";
 import { OperationMetrics, serveMetrics } from "@git-csi/metrics";
 import { dialUnix, gitWorker, mountOwner, serveUnix, stopServer } from "@git-csi/protos";
 import { mountFuse } from "./fuse/binding";
 import { Handover } from "./handover";
 import { fuseSource } from "./mounts";
-import { createMountOwner } from "./service";
+import { createMountOwner, type MountOwner } from "./service";
 import { State } from "./state";
 
 const WORKER_WATCH_MS = 2000;
 
-async function main(): Promise<void> {
-  const flags = parseFlags(
-    process.argv.slice(2),
+function ownerFlags(argv: string[]): Record<string, string> {
+  return parseFlags(
+    argv,
     "mount-owner",
     "The durable git.liken.sh service: serves each staged volume's work tree through FUSE at its staging path, bind-mounts it into publish targets, and keeps each volume's record. It outlives a replaced CSI frontend.",
     [
@@ -37,6 +37,34 @@ async function main(): Promise<void> {
       },
     ],
   );
+}
+
+/**
+ * No CSI call carries a claim's VolumeAttributesClass to a node: the node
+ * learns it from the API. None outside a cluster.
+ */
+async function watchClasses(owner: MountOwner, kubeconfig: string, logger: Logger): Promise<ClassWatch | undefined> {
+  const kubeConfig = await kubeConfigIfAny(kubeconfig);
+  if (!kubeConfig) return undefined;
+  const listed = new Set<string>();
+  const classWatch = new ClassWatch({
+    kubeConfig,
+    logger,
+    onVolume: (volumeId, watched) => {
+      if (watched.deleted) listed.delete(volumeId);
+      else listed.add(volumeId);
+      void owner.applyWatched(volumeId, { ...watched, claim: watched.claim && { namespace: watched.claim.namespace, name: watched.claim.name, uid: watched.claim.uid ?? "" } });
+    },
+  });
+  void classWatch
+    .start()
+    .then(() => owner.removeVolumesDeletedWhileDown(new Set(listed)))
+    .catch((err: Error) => logger.error(`the Kubernetes watch did not start: ${err.message}`, { operation: "watch_volumes" }));
+  return classWatch;
+}
+
+async function main(): Promise<void> {
+  const flags = ownerFlags(process.argv.slice(2));
   const durationMs = durationFlag(flags, "lease-duration");
   const renewMs = durationFlag(flags, "lease-renew-interval");
   if (renewMs * 2 > durationMs)
@@ -60,24 +88,7 @@ async function main(): Promise<void> {
   handover?.resumeAll(owner);
   const keepTelling = handover?.keepTelling();
   const metricsServer = flags["metrics-address"] ? await serveMetrics(flags["metrics-address"], metrics) : undefined;
-  // No CSI call carries a claim's VolumeAttributesClass to a node: the node learns it from the API.
-  const kubeConfig = await kubeConfigIfAny(flags.kubeconfig!);
-  const listed = new Set<string>();
-  const classWatch = kubeConfig
-    ? new ClassWatch({
-        kubeConfig,
-        logger,
-        onVolume: (volumeId, watched) => {
-          if (watched.deleted) listed.delete(volumeId);
-          else listed.add(volumeId);
-          void owner.applyWatched(volumeId, { ...watched, claim: watched.claim && { namespace: watched.claim.namespace, name: watched.claim.name, uid: watched.claim.uid ?? "" } });
-        },
-      })
-    : undefined;
-  void classWatch
-    ?.start()
-    .then(() => owner.removeVolumesDeletedWhileDown(new Set(listed)))
-    .catch((err: Error) => logger.error(`the Kubernetes watch did not start: ${err.message}`, { operation: "watch_volumes" }));
+  const classWatch = await watchClasses(owner, flags.kubeconfig!, logger);
   const server = await serveUnix(flags.listen!, [{ definition: mountOwner.MountOwnerService, implementation: owner.service }]);
   const workerWatch = owner.watchWorker(WORKER_WATCH_MS);
   const renewals = owner.renewLeases();
