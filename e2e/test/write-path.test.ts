@@ -186,6 +186,25 @@ for (const transport of TRANSPORTS)
       assert.equal(await remoteFile(server, repo, "main", "at-stop.txt"), "stop");
     });
 
+    // The mount's writeback cache keeps a write in the kernel until a close or
+    // an fsync; the kernel's own writeback comes 30 s later. The mount owner's
+    // flusher sends it to the backing tree within a second, so the quiesce
+    // runs from the write as it would on a local disk.
+    test("a write to a file the application keeps open is committed after the quiesce, before any close or fsync", async () => {
+      const { repo, volume } = await volumeOn();
+      await setVolumeClass(driver, volume.volumeId, FAST);
+      const file = await fs.open(path.join(volume.targetPath, "kept-open.log"), "w");
+      try {
+        await file.write("first line\n");
+        await waitFor("the open file's write pushed", async () => (await remoteFile(server, repo, "main", "kept-open.log")) === "first line", 10_000);
+        await file.write("second line\n");
+        await waitFor("the second write pushed", async () => (await remoteFile(server, repo, "main", "kept-open.log")) === "first line\nsecond line", 10_000);
+      } finally {
+        await file.close();
+      }
+      await unpublishAndUnstage(driver, volume);
+    });
+
     for (const signal of ["SIGTERM", "SIGKILL"] as const) {
       test(`a write made while the git worker was down (${signal}) is committed when the quiesce passes`, async () => {
         const { repo, volume } = await volumeOn();

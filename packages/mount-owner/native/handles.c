@@ -69,6 +69,32 @@ uint64_t dir_handle(struct dir_handle *d)
 	return tagged((uintptr_t)d);
 }
 
+/*
+ * With the writeback cache the kernel reads pages of a write-only file to fill
+ * them, and appends at the size it keeps: a backing O_APPEND would put its
+ * writes elsewhere.
+ */
+int backing_flags(const struct volume *v, int flags)
+{
+	if (!v->writeback)
+		return flags;
+	if ((flags & O_ACCMODE) == O_WRONLY)
+		flags = (flags & ~O_ACCMODE) | O_RDWR;
+	return flags & ~O_APPEND;
+}
+
+static bool writes(uint64_t fh)
+{
+	return ((fh & LOW_BITS) >> FLAGS_SHIFT & O_ACCMODE) != O_RDONLY;
+}
+
+/* The flusher runs while a file of this incarnation is open for writing. */
+void count_writer(struct volume *v, uint64_t fh, int delta)
+{
+	if (ours(fh) && writes(fh))
+		atomic_fetch_add(&v->writers, delta);
+}
+
 /* O_NOFOLLOW would refuse the magic link. */
 int reopen(const struct node *n, int flags)
 {
@@ -193,6 +219,7 @@ static void release_foreign(struct volume *v, uint64_t fh)
 
 void release_file(struct volume *v, struct fuse_file_info *fi)
 {
+	count_writer(v, fi->fh, -1);
 	if (ours(fi->fh))
 		close((int)(uint32_t)fi->fh);
 	else

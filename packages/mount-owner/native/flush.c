@@ -1,0 +1,91 @@
+/*
+ * The flusher. With the writeback cache a write stays in the kernel's pages
+ * until a close, an fsync or the kernel's own writeback (up to 30 s later)
+ * sends it here. The git worker sees the backing tree only, so an application
+ * that keeps a file open and writes would wait that long for its commit.
+ * While a file is open for writing, the flusher syncs the mount once a
+ * second: the write reaches the backing tree within a second, then the
+ * worker's quiesce runs as it did before the cache.
+ */
+#include "volume.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <linux/magic.h>
+#include <sys/stat.h>
+#include <sys/statfs.h>
+#include <time.h>
+#include <unistd.h>
+
+#define FLUSH_INTERVAL_MS 1000
+
+/*
+ * syncfs through the mountpoint, if it is still this mount: a flush that
+ * cannot open it leaves the pages to the kernel's own writeback, no loss.
+ * The descriptor lives only for the sync, so an unmount is never kept busy
+ * for long (and js_unmount stops the flusher first).
+ */
+static void sync_mount(const struct volume *v)
+{
+	int fd = open(v->mountpoint, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	if (fd == -1)
+		return;
+	struct statfs sf;
+	struct stat st;
+	if (fstatfs(fd, &sf) == 0 && sf.f_type == FUSE_SUPER_MAGIC && fstat(fd, &st) == 0 && st.st_ino == v->root_ino)
+		syncfs(fd);
+	close(fd);
+}
+
+static struct timespec after_ms(int ms)
+{
+	struct timespec at;
+	clock_gettime(CLOCK_REALTIME, &at);
+	at.tv_sec += ms / 1000;
+	at.tv_nsec += (long)(ms % 1000) * 1000000;
+	if (at.tv_nsec >= 1000000000) {
+		at.tv_sec++;
+		at.tv_nsec -= 1000000000;
+	}
+	return at;
+}
+
+/* A resumed server cannot count the writers an earlier one opened: it flushes always. */
+static void *flush_loop(void *arg)
+{
+	struct volume *v = arg;
+	pthread_mutex_lock(&v->life);
+	while (!v->flush_stopped) {
+		struct timespec at = after_ms(FLUSH_INTERVAL_MS);
+		while (!v->flush_stopped && pthread_cond_timedwait(&v->flush_wake, &v->life, &at) != ETIMEDOUT)
+			;
+		if (v->flush_stopped || !atomic_load(&v->writeback) || (atomic_load(&v->writers) == 0 && !v->resumed))
+			continue;
+		pthread_mutex_unlock(&v->life);
+		sync_mount(v);
+		pthread_mutex_lock(&v->life);
+	}
+	pthread_mutex_unlock(&v->life);
+	return NULL;
+}
+
+int flush_start(struct volume *v)
+{
+	pthread_mutex_lock(&v->life);
+	int err = start_thread(&v->flusher, flush_loop, v);
+	v->flushing = err == 0;
+	pthread_mutex_unlock(&v->life);
+	return err;
+}
+
+void flush_stop(struct volume *v)
+{
+	pthread_mutex_lock(&v->life);
+	v->flush_stopped = true;
+	pthread_cond_broadcast(&v->flush_wake);
+	bool join = v->flushing;
+	v->flushing = false;
+	pthread_mutex_unlock(&v->life);
+	if (join)
+		pthread_join(v->flusher, NULL);
+}
