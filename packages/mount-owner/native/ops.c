@@ -24,6 +24,8 @@
 
 /* The git worker changes the backing tree too: the kernel rechecks after this. */
 #define CACHE_SECONDS 1.0
+/* A full-size write is a stream's (ops.c op_write_buf). */
+#define WRITE_BEHIND_BYTES (1 << 20)
 
 static struct volume *volume_of(fuse_req_t req)
 {
@@ -482,6 +484,14 @@ static void op_write_buf(fuse_req_t req, fuse_ino_t ino, struct fuse_bufvec *in,
 		fuse_reply_err(req, -written);
 	else
 		fuse_reply_write(req, written);
+	/*
+	 * Write-behind, after the reply: a stream's pages start for the disk now,
+	 * while the next arrive, not all at its fsync. A local file waits for the
+	 * fsync too, but is not also copied through the server. Only when data
+	 * reach the disk changes; a failure shows at the fsync as it would.
+	 */
+	if (written >= WRITE_BEHIND_BYTES)
+		sync_file_range(fd, off, written, SYNC_FILE_RANGE_WRITE);
 }
 
 /* Never refused: the backing descriptor must close whatever the epoch. */
