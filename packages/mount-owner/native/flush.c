@@ -18,6 +18,8 @@
 #include <unistd.h>
 
 #define FLUSH_INTERVAL_MS 1000
+/* The kernel's own writeback sends a page at most this long after its write (dirty_expire_centisecs). */
+#define KERNEL_EXPIRE_MS 30000
 
 /*
  * syncfs through the mountpoint, if it is still this mount: a flush that
@@ -50,16 +52,28 @@ static struct timespec after_ms(int ms)
 	return at;
 }
 
-/* A resumed server cannot count the writers an earlier one opened: it flushes always. */
+static int64_t now_ms(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/*
+ * A resumed server counts an earlier one's writer once the kernel uses its
+ * handle; pages written before the handover may wait for the kernel's own
+ * writeback until then, so it flushes for that long whatever the count.
+ */
 static void *flush_loop(void *arg)
 {
 	struct volume *v = arg;
+	int64_t always_until = v->resumed ? now_ms() + KERNEL_EXPIRE_MS : 0;
 	pthread_mutex_lock(&v->life);
 	while (!v->flush_stopped) {
 		struct timespec at = after_ms(FLUSH_INTERVAL_MS);
 		while (!v->flush_stopped && pthread_cond_timedwait(&v->flush_wake, &v->life, &at) != ETIMEDOUT)
 			;
-		if (v->flush_stopped || !atomic_load(&v->writeback) || (atomic_load(&v->writers) == 0 && !v->resumed))
+		if (v->flush_stopped || !atomic_load(&v->writeback) || (atomic_load(&v->writers) == 0 && now_ms() >= always_until))
 			continue;
 		pthread_mutex_unlock(&v->life);
 		sync_mount(v);

@@ -88,7 +88,7 @@ static bool writes(uint64_t fh)
 	return ((fh & LOW_BITS) >> FLAGS_SHIFT & O_ACCMODE) != O_RDONLY;
 }
 
-/* The flusher runs while a file of this incarnation is open for writing. */
+/* The flusher runs while a file is open for writing (an earlier incarnation's once reopened). */
 void count_writer(struct volume *v, uint64_t fh, int delta)
 {
 	if (ours(fh) && writes(fh))
@@ -178,6 +178,8 @@ static struct foreign_handle *foreign(fuse_req_t req, fuse_ino_t ino, uint64_t f
 	pthread_mutex_lock(&v->foreign_lock);
 	struct foreign_handle **at = foreign_slot(v, fh);
 	if (*at == NULL) {
+		if (!dir && writes(fh))
+			atomic_fetch_add(&v->writers, 1);
 		*at = h;
 		h = NULL;
 	}
@@ -213,6 +215,8 @@ static void release_foreign(struct volume *v, uint64_t fh)
 	if (h != NULL)
 		*at = h->next;
 	pthread_mutex_unlock(&v->foreign_lock);
+	if (h != NULL && h->dir == NULL && writes(fh))
+		atomic_fetch_add(&v->writers, -1);
 	if (h != NULL)
 		foreign_free(h);
 }
