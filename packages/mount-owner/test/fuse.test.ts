@@ -109,6 +109,18 @@ describe("fuse passthrough", () => {
     assert.equal(await sh(volume, 'cat "$M/from-git"'), "committed\n");
   });
 
+  // With the writeback cache the kernel trusts its own size and pages of a
+  // cached inode; git never rewrites a file in place but replaces it (unlink,
+  // then a new file), so the name leads to a new inode once the 1 s entry
+  // cache runs out.
+  test("a file git replaces in the backing tree is read anew once the entry cache runs out, whatever the kernel cached of the old one", async () => {
+    assert.equal(await sh(volume, 'printf "the application wrote this\\n" > "$M/replaced" && cat "$M/replaced"'), "the application wrote this\n");
+    fs.unlinkSync(join(volume.backing, "replaced"));
+    fs.writeFileSync(join(volume.backing, "replaced"), "upstream\n");
+    await new Promise((r) => setTimeout(r, 1100));
+    assert.equal(await sh(volume, 'cat "$M/replaced"; stat -c %s "$M/replaced"'), "upstream\n9\n");
+  });
+
   test("creates files with the exact mode the app asked for", async () => {
     await sh(volume, 'umask 002 && echo x > "$M/shared" && mkdir "$M/shared-dir"');
     assert.equal(backingStat(volume, "shared").mode & 0o7777, 0o664);
