@@ -38,6 +38,7 @@ static void volume_free(struct volume *v)
 	if (v->root.fd >= 0)
 		close(v->root.fd);
 	pthread_cond_destroy(&v->flush_wake);
+	pthread_mutex_destroy(&v->flush_lock);
 	pthread_mutex_destroy(&v->life);
 	free(v->mountpoint);
 	free(v);
@@ -203,6 +204,7 @@ static struct volume *volume_new(napi_env env, napi_value mountpoint, napi_value
 	atomic_init(&v->serve_until_ms, ms_arg(env, serve_until));
 	atomic_init(&v->refs, 1);
 	pthread_mutex_init(&v->life, NULL);
+	pthread_mutex_init(&v->flush_lock, NULL);
 	pthread_cond_init(&v->flush_wake, NULL);
 	pthread_mutex_init(&v->foreign_lock, NULL);
 	if (v->mountpoint == NULL || nodes_init(&v->nodes) != 0) {

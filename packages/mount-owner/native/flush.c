@@ -59,47 +59,66 @@ static int64_t now_ms(void)
 	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
+/* Pages may wait in the kernel: a file is open for writing, or a resumed server's first 30 s. */
+static bool flush_due(struct volume *v, int64_t always_until)
+{
+	return atomic_load(&v->writeback) && (atomic_load(&v->writers) > 0 || now_ms() < always_until);
+}
+
 /*
  * A resumed server counts an earlier one's writer once the kernel uses its
  * handle; pages written before the handover may wait for the kernel's own
  * writeback until then, so it flushes for that long whatever the count.
+ * With nothing due the thread sleeps until a writer opens: an idle node
+ * wakes it never.
  */
 static void *flush_loop(void *arg)
 {
 	struct volume *v = arg;
 	int64_t always_until = v->resumed ? now_ms() + KERNEL_EXPIRE_MS : 0;
-	pthread_mutex_lock(&v->life);
+	pthread_mutex_lock(&v->flush_lock);
 	while (!v->flush_stopped) {
+		while (!v->flush_stopped && !flush_due(v, always_until))
+			pthread_cond_wait(&v->flush_wake, &v->flush_lock);
 		struct timespec at = after_ms(FLUSH_INTERVAL_MS);
-		while (!v->flush_stopped && pthread_cond_timedwait(&v->flush_wake, &v->life, &at) != ETIMEDOUT)
+		while (!v->flush_stopped && pthread_cond_timedwait(&v->flush_wake, &v->flush_lock, &at) != ETIMEDOUT)
 			;
-		if (v->flush_stopped || !atomic_load(&v->writeback) || (atomic_load(&v->writers) == 0 && now_ms() >= always_until))
-			continue;
-		pthread_mutex_unlock(&v->life);
+		if (v->flush_stopped)
+			break;
+		pthread_mutex_unlock(&v->flush_lock);
 		sync_mount(v);
-		pthread_mutex_lock(&v->life);
+		pthread_mutex_lock(&v->flush_lock);
 	}
-	pthread_mutex_unlock(&v->life);
+	pthread_mutex_unlock(&v->flush_lock);
 	return NULL;
+}
+
+void add_writers(struct volume *v, int delta)
+{
+	if (atomic_fetch_add(&v->writers, delta) == 0 && delta > 0) {
+		pthread_mutex_lock(&v->flush_lock);
+		pthread_cond_broadcast(&v->flush_wake);
+		pthread_mutex_unlock(&v->flush_lock);
+	}
 }
 
 int flush_start(struct volume *v)
 {
-	pthread_mutex_lock(&v->life);
+	pthread_mutex_lock(&v->flush_lock);
 	int err = start_thread(&v->flusher, flush_loop, v);
 	v->flushing = err == 0;
-	pthread_mutex_unlock(&v->life);
+	pthread_mutex_unlock(&v->flush_lock);
 	return err;
 }
 
 void flush_stop(struct volume *v)
 {
-	pthread_mutex_lock(&v->life);
+	pthread_mutex_lock(&v->flush_lock);
 	v->flush_stopped = true;
 	pthread_cond_broadcast(&v->flush_wake);
 	bool join = v->flushing;
 	v->flushing = false;
-	pthread_mutex_unlock(&v->life);
+	pthread_mutex_unlock(&v->flush_lock);
 	if (join)
 		pthread_join(v->flusher, NULL);
 }

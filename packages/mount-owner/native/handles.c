@@ -92,7 +92,13 @@ static bool writes(uint64_t fh)
 void count_writer(struct volume *v, uint64_t fh, int delta)
 {
 	if (ours(fh) && writes(fh))
-		atomic_fetch_add(&v->writers, delta);
+		add_writers(v, delta);
+}
+
+void foreign_writer(struct volume *v, uint64_t fh, int delta)
+{
+	if (writes(fh))
+		add_writers(v, delta);
 }
 
 /* O_NOFOLLOW would refuse the magic link. */
@@ -178,8 +184,8 @@ static struct foreign_handle *foreign(fuse_req_t req, fuse_ino_t ino, uint64_t f
 	pthread_mutex_lock(&v->foreign_lock);
 	struct foreign_handle **at = foreign_slot(v, fh);
 	if (*at == NULL) {
-		if (!dir && writes(fh))
-			atomic_fetch_add(&v->writers, 1);
+		if (!dir)
+			foreign_writer(v, fh, 1);
 		*at = h;
 		h = NULL;
 	}
@@ -215,8 +221,8 @@ static void release_foreign(struct volume *v, uint64_t fh)
 	if (h != NULL)
 		*at = h->next;
 	pthread_mutex_unlock(&v->foreign_lock);
-	if (h != NULL && h->dir == NULL && writes(fh))
-		atomic_fetch_add(&v->writers, -1);
+	if (h != NULL && h->dir == NULL)
+		foreign_writer(v, fh, -1);
 	if (h != NULL)
 		foreign_free(h);
 }

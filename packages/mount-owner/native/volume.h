@@ -77,7 +77,8 @@ struct volume {
 	/* The kernel keeps written pages until a flush sends them (ops.c op_init). */
 	atomic_bool writeback;
 	atomic_int writers; /* files of this incarnation open for writing */
-	/* Guarded by life: the flusher's thread and its stop (flush.c). */
+	/* The flusher's thread and its stop (flush.c); worker threads take the lock, never wait under it. */
+	pthread_mutex_t flush_lock;
 	pthread_cond_t flush_wake;
 	bool flushing;
 	bool flush_stopped;
@@ -155,12 +156,15 @@ int reopen(const struct node *n, int flags);
 /* The flags to open the backing file with for the caller's. */
 int backing_flags(const struct volume *v, int flags);
 void count_writer(struct volume *v, uint64_t fh, int delta);
+void foreign_writer(struct volume *v, uint64_t fh, int delta);
 
 /* flush.c */
 /* Starts sending the kernel's dirty pages of the mount to the backing tree every second. */
 int flush_start(struct volume *v);
 /* Stops the flusher and waits for it; any thread but a worker's. */
 void flush_stop(struct volume *v);
+/* Files open for writing, counted up or down; the first wakes the flusher. */
+void add_writers(struct volume *v, int delta);
 
 /* ops.c */
 #define PROC_PATH_SIZE 32
