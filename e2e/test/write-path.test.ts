@@ -19,6 +19,7 @@ import {
   unpublishAndUnstage,
   waitFor,
 } from "../src/driver";
+import { call, dialUnix, gitWorker } from "@git-csi/protos";
 import { type BareRepoOps, logPushes, refusePushes, runGit, startGitDaemon } from "../src/git-server";
 import { startHttpGitServer } from "../src/http-server";
 import { startSshGitServer } from "../src/ssh-server";
@@ -202,6 +203,36 @@ for (const transport of TRANSPORTS)
       } finally {
         await file.close();
       }
+      await unpublishAndUnstage(driver, volume);
+    });
+
+    // The writeback cache keeps the application's write in the kernel, unseen
+    // by git, until the flusher's next sync (within a second). A rebase that
+    // moves the tree in that second would take upstream's file over it, and
+    // the kernel would later write the pages to the replaced file. The worker
+    // asks the mount owner to sync the mount before it decides and moves.
+    test("a write still in the kernel's cache when a rebase would move the tree is kept: the volume moves to its side branch", async (t) => {
+      const { repo, volume } = await volumeOn({ "state.txt": "base\n" });
+      await setVolumeClass(driver, volume.volumeId, FAST);
+      const worker = dialUnix(gitWorker.GitWorkerClient, `unix://${path.join(driver.stateDir, "sockets", "git-worker.sock")}`);
+      t.after(() => worker.close());
+      await server.commitFiles(repo, { "state.txt": "upstream\n" });
+      // Overwritten in place at its own length: nothing reaches the tree before a flush.
+      const file = await fs.open(path.join(volume.targetPath, "state.txt"), "r+");
+      try {
+        await file.write("pod!\n", 0);
+        await fs.writeFile(path.join(volume.targetPath, "trigger.txt"), "push now\n");
+        // A commit, a push refused because main moved, a rebase: well within the flusher's second.
+        await call(worker.flushVolume.bind(worker), { volumeId: volume.volumeId }, 30_000);
+      } finally {
+        await file.close();
+      }
+      const side = `main.${volume.volumeId}`;
+      await waitFor("the application's state.txt on the side branch", async () => (await remoteFile(server, repo, side, "state.txt")) === "pod!", 20_000);
+      assert.equal(await remoteFile(server, repo, "main", "state.txt"), "upstream");
+      assert.equal(await fs.readFile(path.join(volume.targetPath, "state.txt"), "utf8"), "pod!\n");
+      const event = (await report(driver, volume.volumeId)).recentEvents.find((e) => e.reason === "GitVolumeDiverged");
+      assert.match(event?.message ?? "", /a file the application changed since the last commit was also changed upstream/);
       await unpublishAndUnstage(driver, volume);
     });
 

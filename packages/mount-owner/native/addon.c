@@ -39,6 +39,7 @@ static void volume_free(struct volume *v)
 		close(v->root.fd);
 	pthread_cond_destroy(&v->flush_wake);
 	pthread_mutex_destroy(&v->flush_lock);
+	pthread_mutex_destroy(&v->sync_lock);
 	pthread_mutex_destroy(&v->life);
 	free(v->mountpoint);
 	free(v);
@@ -206,6 +207,7 @@ static struct volume *volume_new(napi_env env, napi_value mountpoint, napi_value
 	pthread_mutex_init(&v->life, NULL);
 	pthread_mutex_init(&v->flush_lock, NULL);
 	pthread_cond_init(&v->flush_wake, NULL);
+	pthread_mutex_init(&v->sync_lock, NULL);
 	pthread_mutex_init(&v->foreign_lock, NULL);
 	if (v->mountpoint == NULL || nodes_init(&v->nodes) != 0) {
 		free(v->mountpoint);
@@ -327,8 +329,9 @@ static napi_value js_unmount(napi_env env, napi_callback_info info)
 	struct volume *v = volume_arg(env, info, NULL);
 	if (v == NULL)
 		return throw_errno(env, EINVAL, "unmount: not a mount handle");
-	/* The unmount syncs the mount itself; the flusher's descriptor would make it lazy. */
+	/* The unmount syncs the mount itself; a sync's descriptor would make it lazy. */
 	flush_stop(v);
+	sync_close(v);
 	int res = umount2(v->mountpoint, 0);
 	if (res == -1 && errno == EBUSY)
 		res = umount2(v->mountpoint, MNT_DETACH);
@@ -365,6 +368,7 @@ static napi_value init(napi_env env, napi_value exports)
 		{ "unmount", NULL, js_unmount, NULL, NULL, NULL, napi_default, NULL },
 		{ "serveUntil", NULL, js_serve_until, NULL, NULL, NULL, napi_default, NULL },
 		{ "fence", NULL, js_fence, NULL, NULL, NULL, napi_default, NULL },
+		{ "syncMount", NULL, js_sync_mount, NULL, NULL, NULL, napi_default, NULL },
 		{ "resume", NULL, js_resume, NULL, NULL, NULL, napi_default, NULL },
 	};
 	napi_define_properties(env, exports, sizeof(props) / sizeof(props[0]), props);

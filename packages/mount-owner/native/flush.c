@@ -12,6 +12,8 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <linux/magic.h>
+#include <stdlib.h>
+#include <string.h>
 #include <sys/stat.h>
 #include <sys/statfs.h>
 #include <time.h>
@@ -22,21 +24,37 @@
 #define KERNEL_EXPIRE_MS 30000
 
 /*
- * syncfs through the mountpoint, if it is still this mount: a flush that
- * cannot open it leaves the pages to the kernel's own writeback, no loss.
- * The descriptor lives only for the sync, so an unmount is never kept busy
- * for long (and js_unmount stops the flusher first).
+ * syncfs through the mountpoint, if it is still this mount: 0, ENODEV when it
+ * no longer is (unmounted: the unmount sent every page), or syncfs's error.
+ * The descriptor lives only for the sync, and the unmount waits for a sync
+ * under way (js_unmount), so an unmount is never made lazy by one.
  */
-static void sync_mount(const struct volume *v)
+static int sync_mount(struct volume *v)
 {
-	int fd = open(v->mountpoint, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-	if (fd == -1)
-		return;
+	pthread_mutex_lock(&v->sync_lock);
+	int err = v->sync_closed ? ENODEV : 0;
+	int fd = err == 0 ? open(v->mountpoint, O_RDONLY | O_DIRECTORY | O_CLOEXEC) : -1;
+	if (err == 0 && fd == -1)
+		err = errno == ENOENT || errno == ENOTCONN ? ENODEV : errno;
 	struct statfs sf;
 	struct stat st;
-	if (fstatfs(fd, &sf) == 0 && sf.f_type == FUSE_SUPER_MAGIC && fstat(fd, &st) == 0 && st.st_ino == v->root_ino)
-		syncfs(fd);
-	close(fd);
+	if (fd != -1 && (fstatfs(fd, &sf) != 0 || fstat(fd, &st) != 0))
+		err = errno;
+	else if (fd != -1 && (sf.f_type != FUSE_SUPER_MAGIC || st.st_ino != v->root_ino))
+		err = ENODEV;
+	else if (fd != -1 && syncfs(fd) != 0)
+		err = errno;
+	if (fd != -1)
+		close(fd);
+	pthread_mutex_unlock(&v->sync_lock);
+	return err;
+}
+
+void sync_close(struct volume *v)
+{
+	pthread_mutex_lock(&v->sync_lock);
+	v->sync_closed = true;
+	pthread_mutex_unlock(&v->sync_lock);
 }
 
 static struct timespec after_ms(int ms)
@@ -86,7 +104,8 @@ static void *flush_loop(void *arg)
 		if (v->flush_stopped)
 			break;
 		pthread_mutex_unlock(&v->flush_lock);
-		sync_mount(v);
+		/* A failed flush leaves the pages to the next one or the kernel's own writeback. */
+		(void)sync_mount(v);
 		pthread_mutex_lock(&v->flush_lock);
 	}
 	pthread_mutex_unlock(&v->flush_lock);
@@ -121,4 +140,65 @@ void flush_stop(struct volume *v)
 	pthread_mutex_unlock(&v->flush_lock);
 	if (join)
 		pthread_join(v->flusher, NULL);
+}
+
+/* A sync JavaScript asked for: syncfs may wait on the disk, so it runs off the main thread. */
+struct sync_request {
+	napi_async_work work;
+	napi_deferred deferred;
+	struct volume *v;
+	int err;
+};
+
+static void sync_execute(napi_env env, void *data)
+{
+	(void)env;
+	struct sync_request *r = data;
+	r->err = sync_mount(r->v);
+}
+
+static void sync_complete(napi_env env, napi_status status, void *data)
+{
+	struct sync_request *r = data;
+	napi_value result;
+	if (status == napi_ok && (r->err == 0 || r->err == ENODEV)) {
+		napi_get_boolean(env, r->err == 0, &result);
+		napi_resolve_deferred(env, r->deferred, result);
+	} else {
+		int err = status == napi_ok ? r->err : EIO;
+		napi_value code, message;
+		const char *name = strerrorname_np(err);
+		napi_create_string_utf8(env, name != NULL ? name : "EIO", NAPI_AUTO_LENGTH, &code);
+		napi_create_string_utf8(env, strerror(err), NAPI_AUTO_LENGTH, &message);
+		napi_create_error(env, code, message, &result);
+		napi_reject_deferred(env, r->deferred, result);
+	}
+	napi_delete_async_work(env, r->work);
+	volume_put(r->v);
+	free(r);
+}
+
+/* syncMount(handle): true once the mount's pages reached the backing tree, false when it is no longer mounted. */
+napi_value js_sync_mount(napi_env env, napi_callback_info info)
+{
+	struct volume *v = volume_arg(env, info, NULL);
+	struct sync_request *r = v != NULL ? calloc(1, sizeof(*r)) : NULL;
+	if (r == NULL)
+		return throw_errno(env, v == NULL ? EINVAL : ENOMEM, "syncMount");
+	napi_value promise, name;
+	r->v = v;
+	if (napi_create_promise(env, &r->deferred, &promise) != napi_ok ||
+	    napi_create_string_utf8(env, "gitcsi_sync_mount", NAPI_AUTO_LENGTH, &name) != napi_ok ||
+	    napi_create_async_work(env, NULL, name, sync_execute, sync_complete, r, &r->work) != napi_ok) {
+		free(r);
+		return throw_errno(env, EINVAL, "syncMount");
+	}
+	atomic_fetch_add(&v->refs, 1); /* the request's, dropped when it completes */
+	if (napi_queue_async_work(env, r->work) != napi_ok) {
+		volume_put(v);
+		napi_delete_async_work(env, r->work);
+		free(r);
+		return throw_errno(env, EINVAL, "syncMount");
+	}
+	return promise;
 }

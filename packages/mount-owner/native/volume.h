@@ -83,6 +83,9 @@ struct volume {
 	bool flushing;
 	bool flush_stopped;
 	pthread_t flusher;
+	/* A sync under way holds it; an unmount closes syncs first (flush.c sync_close). */
+	pthread_mutex_t sync_lock;
+	bool sync_closed;
 
 	/* Epoch fence: set once, never cleared. */
 	atomic_bool fenced;
@@ -165,6 +168,9 @@ int flush_start(struct volume *v);
 void flush_stop(struct volume *v);
 /* Files open for writing, counted up or down; the first wakes the flusher. */
 void add_writers(struct volume *v, int delta);
+/* No sync starts any more; one under way is waited for. */
+void sync_close(struct volume *v);
+napi_value js_sync_mount(napi_env env, napi_callback_info info);
 
 /* ops.c */
 #define PROC_PATH_SIZE 32

@@ -121,6 +121,20 @@ describe("fuse passthrough", () => {
     assert.equal(await sh(volume, 'cat "$M/replaced"; stat -c %s "$M/replaced"'), "upstream\n9\n");
   });
 
+  // The git worker asks for this before it moves the tree: git sees the backing tree only.
+  test("sync sends pages the kernel still holds to the backing tree at once", async () => {
+    fs.writeFileSync(join(volume.backing, "held"), "base\n");
+    const fd = fs.openSync(join(volume.mnt, "held"), "r+");
+    try {
+      fs.writeSync(fd, "pod!\n", 0);
+      assert.equal(backingText(volume, "held"), "base\n", "the write waits in the kernel's writeback cache");
+      assert.equal(await mount.sync(), true);
+      assert.equal(backingText(volume, "held"), "pod!\n");
+    } finally {
+      fs.closeSync(fd);
+    }
+  });
+
   test("creates files with the exact mode the app asked for", async () => {
     await sh(volume, 'umask 002 && echo x > "$M/shared" && mkdir "$M/shared-dir"');
     assert.equal(backingStat(volume, "shared").mode & 0o7777, 0o664);
@@ -508,6 +522,17 @@ describe("mount options", () => {
     } finally {
       await mount.unmount();
     }
+  });
+
+  test("a sync answers that nothing is mounted once another process unmounted it, and after our own unmount", async () => {
+    const mount = mountFuse({ mountpoint: volume.mnt, backing: volume.backing, fsname: "git-csi:synced" });
+    try {
+      await execFileAsync("umount", [volume.mnt]);
+      assert.equal(await mount.sync(), false);
+    } finally {
+      await mount.unmount();
+    }
+    assert.equal(await mount.sync(), false);
   });
 });
 
