@@ -57,7 +57,7 @@ void sync_close(struct volume *v)
 	pthread_mutex_unlock(&v->sync_lock);
 }
 
-static struct timespec after_ms(int ms)
+struct timespec after_ms(int ms)
 {
 	struct timespec at;
 	clock_gettime(CLOCK_REALTIME, &at);

@@ -168,6 +168,8 @@ int flush_start(struct volume *v);
 void flush_stop(struct volume *v);
 /* Files open for writing, counted up or down; the first wakes the flusher. */
 void add_writers(struct volume *v, int delta);
+/* CLOCK_REALTIME ms from now, for pthread_cond_timedwait. */
+struct timespec after_ms(int ms);
 /* No sync starts any more; one under way is waited for. */
 void sync_close(struct volume *v);
 napi_value js_sync_mount(napi_env env, napi_callback_info info);
