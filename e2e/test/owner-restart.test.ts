@@ -7,7 +7,8 @@ import assert from "node:assert/strict";
 import { spawn } from "node:child_process";
 import * as path from "node:path";
 import { describe, test } from "node:test";
-import { call } from "@git-csi/protos";
+import { status } from "@grpc/grpc-js";
+import { call, type CsiError } from "@git-csi/protos";
 import { createVolume, type Driver, mountsUnder, type PublishedVolume, setVolumeClass, sh, stageAndPublish, unpublishAndUnstage, waitFor } from "../src/driver";
 import { withDaemonAndDriver } from "../src/fixtures";
 import type { GitServer } from "../src/git-server";
@@ -143,6 +144,41 @@ describe("a mount owner restart keeps the mounts", () => {
     await assertPushed("stopped", written);
     await unpublishAndUnstage(driver, published);
     assert.deepEqual(await mountsUnder(driver.dir), []);
+  });
+
+  // Until a restarted mount owner serves a kept connection again, pages written to it wait in the kernel: the git worker must not move the tree.
+  test("SyncMount answers UNAVAILABLE while a kept connection waits for its epoch check, and syncs the mount once it serves again", async () => {
+    const published = await armedVolume("sync-resume");
+    const volumeId = published.volumeId;
+    const sync = () => call(driver.owner.syncMount.bind(driver.owner), { volumeId }, 2000);
+    assert.equal((await sync()).mounted, true);
+    // A stopped worker cannot check the epoch, so the restarted mount owner cannot serve the connection yet.
+    const worker = await driver.pid("git-worker");
+    process.kill(worker, "SIGSTOP");
+    try {
+      const before = resumes();
+      const pid = await driver.pid("mount-owner");
+      process.kill(pid, "SIGTERM");
+      await waitFor("a new mount owner", async () => (await driver.pid("mount-owner")) !== pid, T);
+      const refused = await waitFor(
+        "SyncMount refused while the connection waits",
+        async () => {
+          const err = await sync().then(
+            () => undefined,
+            (e: CsiError) => e,
+          );
+          // Before its socket serves, the new mount owner is UNAVAILABLE for another reason.
+          return err?.code === status.UNAVAILABLE && /not served yet/.test(err.message) && err;
+        },
+        T,
+      );
+      assert.match(refused.message, /kept across the mount owner's restart, is not served yet/);
+      assert.equal(resumes(), before, "the connection is not served yet");
+    } finally {
+      process.kill(worker, "SIGCONT");
+    }
+    await waitFor("SyncMount syncs the served mount", async () => (await sync().catch(() => undefined))?.mounted === true, T);
+    await unpublishAndUnstage(driver, published);
   });
 
   test("a descriptor keeper that restarted is told every connection again: a mount owner killed after it keeps the mount", async () => {

@@ -19,6 +19,7 @@ import {
   unpublishAndUnstage,
   waitFor,
 } from "../src/driver";
+import { call, dialUnix, gitWorker } from "@git-csi/protos";
 import { type BareRepoOps, logPushes, refusePushes, runGit, startGitDaemon } from "../src/git-server";
 import { startHttpGitServer } from "../src/http-server";
 import { startSshGitServer } from "../src/ssh-server";
@@ -184,6 +185,55 @@ for (const transport of TRANSPORTS)
       assert.equal(await remoteFile(server, repo, "main", "at-stop.txt"), undefined);
       await unpublishAndUnstage(driver, volume);
       assert.equal(await remoteFile(server, repo, "main", "at-stop.txt"), "stop");
+    });
+
+    // The mount's writeback cache keeps a write in the kernel until a close or
+    // an fsync; the kernel's own writeback comes 30 s later. The mount owner's
+    // flusher sends it to the backing tree within a second, so the quiesce
+    // runs from the write as it would on a local disk.
+    test("a write to a file the application keeps open is committed after the quiesce, before any close or fsync", async () => {
+      const { repo, volume } = await volumeOn();
+      await setVolumeClass(driver, volume.volumeId, FAST);
+      const file = await fs.open(path.join(volume.targetPath, "kept-open.log"), "w");
+      try {
+        await file.write("first line\n");
+        await waitFor("the open file's write pushed", async () => (await remoteFile(server, repo, "main", "kept-open.log")) === "first line", 10_000);
+        await file.write("second line\n");
+        await waitFor("the second write pushed", async () => (await remoteFile(server, repo, "main", "kept-open.log")) === "first line\nsecond line", 10_000);
+      } finally {
+        await file.close();
+      }
+      await unpublishAndUnstage(driver, volume);
+    });
+
+    // The writeback cache keeps the application's write in the kernel, unseen
+    // by git, until the flusher's next sync (within a second). A rebase that
+    // moves the tree in that second would take upstream's file over it, and
+    // the kernel would later write the pages to the replaced file. The worker
+    // asks the mount owner to sync the mount before it decides and moves.
+    test("a write still in the kernel's cache when a rebase would move the tree is kept: the volume moves to its side branch", async (t) => {
+      const { repo, volume } = await volumeOn({ "state.txt": "base\n" });
+      await setVolumeClass(driver, volume.volumeId, FAST);
+      const worker = dialUnix(gitWorker.GitWorkerClient, `unix://${path.join(driver.stateDir, "sockets", "git-worker.sock")}`);
+      t.after(() => worker.close());
+      await server.commitFiles(repo, { "state.txt": "upstream\n" });
+      // Overwritten in place at its own length: nothing reaches the tree before a flush.
+      const file = await fs.open(path.join(volume.targetPath, "state.txt"), "r+");
+      try {
+        await file.write("pod!\n", 0);
+        await fs.writeFile(path.join(volume.targetPath, "trigger.txt"), "push now\n");
+        // A commit, a push refused because main moved, a rebase: well within the flusher's second.
+        await call(worker.flushVolume.bind(worker), { volumeId: volume.volumeId }, 30_000);
+      } finally {
+        await file.close();
+      }
+      const side = `main.${volume.volumeId}`;
+      await waitFor("the application's state.txt on the side branch", async () => (await remoteFile(server, repo, side, "state.txt")) === "pod!", 20_000);
+      assert.equal(await remoteFile(server, repo, "main", "state.txt"), "upstream");
+      assert.equal(await fs.readFile(path.join(volume.targetPath, "state.txt"), "utf8"), "pod!\n");
+      const event = (await report(driver, volume.volumeId)).recentEvents.find((e) => e.reason === "GitVolumeDiverged");
+      assert.match(event?.message ?? "", /a file the application changed since the last commit was also changed upstream/);
+      await unpublishAndUnstage(driver, volume);
     });
 
     for (const signal of ["SIGTERM", "SIGKILL"] as const) {

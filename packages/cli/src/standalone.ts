@@ -65,7 +65,21 @@ export class Standalone {
       { name: "fd-keeper", program: keeperProgram(), args: [keeper] },
       {
         name: "git-worker",
-        args: [binOf("git-worker"), "--state-dir", options.stateDir, "--listen", worker, "--metrics-address", options.metricsAddress, "--node-id", options.nodeId, "--kubeconfig", options.kubeconfig],
+        args: [
+          binOf("git-worker"),
+          "--state-dir",
+          options.stateDir,
+          "--listen",
+          worker,
+          "--mount-owner",
+          owner,
+          "--metrics-address",
+          options.metricsAddress,
+          "--node-id",
+          options.nodeId,
+          "--kubeconfig",
+          options.kubeconfig,
+        ],
       },
       {
         name: "mount-owner",

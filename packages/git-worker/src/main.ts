@@ -4,7 +4,7 @@ import { KeyedSerial, parseDuration, parseFlags, runMain, UsageError } from "@gi
 import { EventRecorder, kubeConfigIfAny } from "@git-csi/k8s";
 import { createLogger, type Logger, logLifecycle } from "@git-csi/logging";
 import { DriverMetrics, serveMetrics } from "@git-csi/metrics";
-import { gitWorker, serveUnix, stopServer } from "@git-csi/protos";
+import { call, dialUnix, gitWorker, mountOwner, serveUnix, stopServer } from "@git-csi/protos";
 import * as path from "node:path";
 import { endOrphanedAgents } from "./access";
 import { recoverFromKill } from "./recover";
@@ -27,10 +27,24 @@ function serialCollector(store: Store, logger: Logger, perRepository: KeyedSeria
   };
 }
 
+/** A sync sends at most the dirty pages of one mount to disk. */
+const SYNC_MOUNT_TIMEOUT_MS = 60_000;
+
+/** SyncMount on the mount owner, dialled once: its connection comes back by itself after a restart. */
+function mountSyncer(endpoint: string): (volumeId: string) => Promise<boolean> {
+  const owner = dialUnix(mountOwner.MountOwnerClient, endpoint);
+  return async (volumeId) => (await call(owner.syncMount.bind(owner), { volumeId }, SYNC_MOUNT_TIMEOUT_MS)).mounted;
+}
+
 async function main(): Promise<void> {
   const flags = parseFlags(process.argv.slice(2), "git-worker", "The only git.liken.sh process that runs git: clones, fetches, commits and pushes each volume's work tree.", [
     { name: "state-dir", help: "directory holding the node's bare repositories and work trees", required: true },
     { name: "listen", help: "unix socket this worker serves, unix:///path/git-worker.sock", required: true },
+    {
+      name: "mount-owner",
+      help: "unix socket of the mount owner, asked to sync a volume's mount before its tree moves; empty: unix://<state-dir>/sockets/mount-owner.sock",
+      default: "",
+    },
     { name: "gc-interval", help: "how often to collect the node's git store: refs no volume follows, repositories no tree names, git gc", default: "1h" },
     { name: "metrics-address", help: "host:port of the /metrics listener and the per-volume reports at /volumes/<volume>; empty for none", default: "" },
     { name: "node-id", help: "this node's name, the reporting instance of its events", default: process.env.NODE_NAME ?? "" },
@@ -60,11 +74,12 @@ async function main(): Promise<void> {
   const kubeConfig = await kubeConfigIfAny(flags.kubeconfig!);
   const events = kubeConfig ? new EventRecorder({ kubeConfig, nodeId: flags["node-id"]!, logger }) : undefined;
   const collect = serialCollector(store, logger, perRepository);
+  const syncMount = mountSyncer(flags["mount-owner"] || `unix://${path.join(store.socketDir(), "mount-owner.sock")}`);
   const gcIntervalMs = parseDuration(flags["gc-interval"]!);
   if (gcIntervalMs === undefined) throw new UsageError(`git-worker: --gc-interval ${flags["gc-interval"]} must be a duration such as 1h`);
   const gcTimer = setInterval(() => void collect(), gcIntervalMs);
   const server = await serveUnix(flags.listen!, [
-    { definition: gitWorker.GitWorkerService, implementation: gitWorkerService({ store, syncs, broker, metrics, logger, perRepository, collect, events }) },
+    { definition: gitWorker.GitWorkerService, implementation: gitWorkerService({ store, syncs, broker, metrics, logger, perRepository, collect, events, syncMount }) },
   ]);
   let listener: http.Server | undefined;
   if (flags["metrics-address"]) {

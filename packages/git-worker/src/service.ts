@@ -29,6 +29,8 @@ export interface GitWorkerDeps {
   collect: () => Promise<void>;
   /** Kubernetes' event recorder in a cluster; none in standalone mode. */
   events?: EventSink;
+  /** Asks the mount owner to send the kernel's pages of the volume's mount to its tree; false when it serves no mount of it. */
+  syncMount(volumeId: string): Promise<boolean>;
 }
 
 export function gitWorkerService(deps: GitWorkerDeps): gitWorker.GitWorkerServer {

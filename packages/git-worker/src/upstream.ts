@@ -69,17 +69,18 @@ export class VolumeUpstream {
     const head = await revParse(s.tree, "HEAD");
     const upstream = await revParse(s.repo, upstreamRef(s.branch));
     if (head === upstream || (await isAncestor(s.repo, upstream, head))) return;
+    await s.ctx.syncMount();
     if ((await statusOf(s.tree)).length > 0) {
       this.report.noteUpstreamMoved();
       return;
     }
     if (await isAncestor(s.repo, head, upstream)) {
-      await moveTree(s.tree, volumeBranchRef(s.volumeId), head, upstream);
+      await this.moveTree(head, upstream);
       s.log("info", "the tree took upstream", "stage", { from: head, to: upstream });
       return;
     }
     const rebased = await this.rebaseInScratch(head, upstream);
-    if (rebased === undefined || !(await moveTree(s.tree, volumeBranchRef(s.volumeId), head, rebased))) {
+    if (rebased === undefined || !(await this.moveTree(head, rebased))) {
       await this.moveToSideBranch(`the tree and ${s.branch} diverged and rebasing at stage conflicted`);
       return;
     }
@@ -136,6 +137,7 @@ export class VolumeUpstream {
     const upstream = await revParse(s.repo, upstreamRef(s.branch));
     const rebased = await this.rebaseInScratch(head, upstream);
     if (rebased === undefined) return `rebasing onto ${s.branch} conflicted and was aborted`;
+    await s.ctx.syncMount();
     if (!(await canMoveTree(s.tree, head, rebased))) return "a file the application changed since the last commit was also changed upstream";
     return { commit: rebased };
   }
@@ -147,12 +149,22 @@ export class VolumeUpstream {
 
   /** The pod's tree takes a rebased commit that landed, in one step. */
   async takeRebased(head: string, rebased: string): Promise<void> {
-    if (await moveTree(this.s.tree, volumeBranchRef(this.s.volumeId), head, rebased)) {
+    if (await this.moveTree(head, rebased)) {
       this.report.emit(Reason.Rebased, "Normal", `${this.s.branch} moved upstream; the volume's commits were rebased onto it and the pod's tree took upstream's files`);
     } else {
       // The application wrote a file upstream changed after the check: the next cycle's rebase decides.
       this.s.log("warn", "the pod's tree keeps its commit until the next cycle: the application changed a file upstream changed too", "rebase");
     }
+  }
+
+  /**
+   * The tree moves in one step once the mount's pages reached it: git keeps
+   * what the application wrote only if it sees it, and a write can wait in
+   * the kernel's writeback cache. False, and nothing written, where git refuses.
+   */
+  private async moveTree(head: string, to: string): Promise<boolean> {
+    await this.s.ctx.syncMount();
+    return moveTree(this.s.tree, volumeBranchRef(this.s.volumeId), head, to);
   }
 
   /**
@@ -220,7 +232,7 @@ export class VolumeUpstream {
     if (sidePushed === "" || !(await isAncestor(s.repo, sidePushed, upstream))) return;
     const head = await revParse(s.tree, "HEAD");
     const rebased = await this.rebaseInScratch(head, upstream);
-    if (rebased === undefined || !(await moveTree(s.tree, volumeBranchRef(s.volumeId), head, rebased))) return;
+    if (rebased === undefined || !(await this.moveTree(head, rebased))) return;
     s.onSideBranch = false;
     const deleted = await s.fenced((repo, fence) => deleteBranch(repo, s.sideBranch, fence));
     if (deleted.outcome !== "pushed") s.log("warn", `the merged side branch ${s.sideBranch} stays on the remote: ${deleted.message}`, "heal");

@@ -42,6 +42,11 @@ export interface SyncContext {
    * and two fetches of one branch would race for its ref's lock.
    */
   onRepository<T>(work: () => Promise<T>): Promise<T>;
+  /**
+   * The mount's pages in the kernel reach the tree (the mount owner's
+   * SyncMount): with the writeback cache a write can wait there, unseen by git.
+   */
+  syncMount(): Promise<boolean>;
 }
 
 /**

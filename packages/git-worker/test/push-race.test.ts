@@ -51,6 +51,8 @@ async function stage(t: TestContext, remote: ServedRemote, id: string, branch: s
     logger,
     perRepository: new KeyedSerial(),
     collect: async () => undefined,
+    // The test writes to the tree itself: no mount serves it.
+    syncMount: async () => false,
   };
   const prepared: Prepared = new Map();
   // Timers far off: only flush() commits and pushes.

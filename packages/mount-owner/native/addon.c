@@ -37,6 +37,9 @@ static void volume_free(struct volume *v)
 	io_destroy(&v->io);
 	if (v->root.fd >= 0)
 		close(v->root.fd);
+	pthread_cond_destroy(&v->flush_wake);
+	pthread_mutex_destroy(&v->flush_lock);
+	pthread_mutex_destroy(&v->sync_lock);
 	pthread_mutex_destroy(&v->life);
 	free(v->mountpoint);
 	free(v);
@@ -77,6 +80,7 @@ static void *serve(void *arg)
 	fuse_session_loop_mt(v->se, config);
 	io_end(&v->io);
 	fuse_loop_cfg_destroy(config);
+	flush_stop(v);
 	fence_join(v);
 	fuse_session_destroy(v->se);
 	napi_release_threadsafe_function(v->on_fenced, napi_tsfn_release);
@@ -158,8 +162,11 @@ static int start_session(struct volume *v, const char *fsname, int fd, const uns
 	int err = -fuse_session_custom_io(v->se, &gitcsi_io, fd);
 	if (err == 0 && init != NULL)
 		io_replay_init(v, init, init_len);
+	/* The flusher first: it waits a second before its first sync, and goes if the loop cannot start. */
 	if (err == 0)
-		err = start_thread(&v->loop, serve, v);
+		err = flush_start(v);
+	if (err == 0 && (err = start_thread(&v->loop, serve, v)) != 0)
+		flush_stop(v);
 	if (err != 0) {
 		fuse_session_unmount(v->se);
 		fuse_session_destroy(v->se);
@@ -198,6 +205,9 @@ static struct volume *volume_new(napi_env env, napi_value mountpoint, napi_value
 	atomic_init(&v->serve_until_ms, ms_arg(env, serve_until));
 	atomic_init(&v->refs, 1);
 	pthread_mutex_init(&v->life, NULL);
+	pthread_mutex_init(&v->flush_lock, NULL);
+	pthread_cond_init(&v->flush_wake, NULL);
+	pthread_mutex_init(&v->sync_lock, NULL);
 	pthread_mutex_init(&v->foreign_lock, NULL);
 	if (v->mountpoint == NULL || nodes_init(&v->nodes) != 0) {
 		free(v->mountpoint);
@@ -319,6 +329,9 @@ static napi_value js_unmount(napi_env env, napi_callback_info info)
 	struct volume *v = volume_arg(env, info, NULL);
 	if (v == NULL)
 		return throw_errno(env, EINVAL, "unmount: not a mount handle");
+	/* The unmount syncs the mount itself; a sync's descriptor would make it lazy. */
+	flush_stop(v);
+	sync_close(v);
 	int res = umount2(v->mountpoint, 0);
 	if (res == -1 && errno == EBUSY)
 		res = umount2(v->mountpoint, MNT_DETACH);
@@ -355,6 +368,7 @@ static napi_value init(napi_env env, napi_value exports)
 		{ "unmount", NULL, js_unmount, NULL, NULL, NULL, napi_default, NULL },
 		{ "serveUntil", NULL, js_serve_until, NULL, NULL, NULL, napi_default, NULL },
 		{ "fence", NULL, js_fence, NULL, NULL, NULL, napi_default, NULL },
+		{ "syncMount", NULL, js_sync_mount, NULL, NULL, NULL, napi_default, NULL },
 		{ "resume", NULL, js_resume, NULL, NULL, NULL, napi_default, NULL },
 	};
 	napi_define_properties(env, exports, sizeof(props) / sizeof(props[0]), props);

@@ -69,6 +69,38 @@ uint64_t dir_handle(struct dir_handle *d)
 	return tagged((uintptr_t)d);
 }
 
+/*
+ * With the writeback cache the kernel reads pages of a write-only file to fill
+ * them, and appends at the size it keeps: a backing O_APPEND would put its
+ * writes elsewhere.
+ */
+int backing_flags(const struct volume *v, int flags)
+{
+	if (!v->writeback)
+		return flags;
+	if ((flags & O_ACCMODE) == O_WRONLY)
+		flags = (flags & ~O_ACCMODE) | O_RDWR;
+	return flags & ~O_APPEND;
+}
+
+static bool writes(uint64_t fh)
+{
+	return ((fh & LOW_BITS) >> FLAGS_SHIFT & O_ACCMODE) != O_RDONLY;
+}
+
+/* The flusher runs while a file is open for writing (an earlier incarnation's once reopened). */
+void count_writer(struct volume *v, uint64_t fh, int delta)
+{
+	if (ours(fh) && writes(fh))
+		add_writers(v, delta);
+}
+
+void foreign_writer(struct volume *v, uint64_t fh, int delta)
+{
+	if (writes(fh))
+		add_writers(v, delta);
+}
+
 /* O_NOFOLLOW would refuse the magic link. */
 int reopen(const struct node *n, int flags)
 {
@@ -152,6 +184,8 @@ static struct foreign_handle *foreign(fuse_req_t req, fuse_ino_t ino, uint64_t f
 	pthread_mutex_lock(&v->foreign_lock);
 	struct foreign_handle **at = foreign_slot(v, fh);
 	if (*at == NULL) {
+		if (!dir)
+			foreign_writer(v, fh, 1);
 		*at = h;
 		h = NULL;
 	}
@@ -187,12 +221,15 @@ static void release_foreign(struct volume *v, uint64_t fh)
 	if (h != NULL)
 		*at = h->next;
 	pthread_mutex_unlock(&v->foreign_lock);
+	if (h != NULL && h->dir == NULL)
+		foreign_writer(v, fh, -1);
 	if (h != NULL)
 		foreign_free(h);
 }
 
 void release_file(struct volume *v, struct fuse_file_info *fi)
 {
+	count_writer(v, fi->fh, -1);
 	if (ours(fi->fh))
 		close((int)(uint32_t)fi->fh);
 	else

@@ -142,6 +142,8 @@ static napi_value js_quiesce(napi_env env, napi_callback_info info)
 	struct volume *v = volume_arg(env, info, NULL);
 	if (v == NULL)
 		return throw_errno(env, EINVAL, "quiesce: not a mount handle");
+	/* A sync in flight needs the readers: it ends first, and none starts after. */
+	flush_stop(v);
 	io_quiesce(&v->io);
 	return NULL;
 }

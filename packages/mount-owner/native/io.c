@@ -178,14 +178,7 @@ void io_end(struct io_state *io)
 
 int io_wait_init(struct io_state *io, int timeout_ms)
 {
-	struct timespec until;
-	clock_gettime(CLOCK_REALTIME, &until);
-	until.tv_sec += timeout_ms / 1000;
-	until.tv_nsec += (long)(timeout_ms % 1000) * 1000000;
-	if (until.tv_nsec >= 1000000000) {
-		until.tv_sec++;
-		until.tv_nsec -= 1000000000;
-	}
+	struct timespec until = after_ms(timeout_ms);
 	pthread_mutex_lock(&io->lock);
 	int err = 0;
 	while (io->init_len == 0 && err == 0)

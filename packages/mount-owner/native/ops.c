@@ -24,6 +24,8 @@
 
 /* The git worker changes the backing tree too: the kernel rechecks after this. */
 #define CACHE_SECONDS 1.0
+/* A full-size write is a stream's (ops.c op_write_buf). */
+#define WRITE_BEHIND_BYTES (1 << 20)
 
 static struct volume *volume_of(fuse_req_t req)
 {
@@ -138,14 +140,20 @@ static void reply_entry(fuse_req_t req, fuse_ino_t parent, int parent_fd, const 
 
 static void op_init(void *userdata, struct fuse_conn_info *conn)
 {
-	(void)userdata;
+	struct volume *v = userdata;
 	/* Writes kill setuid/setgid bits in the kernel: ours run as root, which keeps them. */
 	conn->want &= ~FUSE_CAP_HANDLE_KILLPRIV;
 	/*
-	 * No writeback cache: with it the kernel trusts its own size and mtime of a
-	 * cached file, and the git worker changes files under the mount.
+	 * Writeback cache: writes stay in the kernel's pages until an fsync, a
+	 * close or the flusher (flush.c) send them, in large batches. The kernel
+	 * then trusts its own size and mtime of a cached file. That holds with the
+	 * git worker: git replaces a file it rewrites (a new inode, found once the
+	 * 1 s entry cache runs out), never writes one in place. A fence drops the
+	 * dirty pages too: their writeback is refused, so a write after the
+	 * lease's end never reaches the tree, and fsync or close report EIO.
 	 */
-	conn->want &= ~FUSE_CAP_WRITEBACK_CACHE;
+	conn->want |= conn->capable & FUSE_CAP_WRITEBACK_CACHE;
+	v->writeback = (conn->want & FUSE_CAP_WRITEBACK_CACHE) != 0;
 	/* Lookups and creates in one directory, and reads of one file, run in parallel. */
 	conn->want |= conn->capable & (FUSE_CAP_PARALLEL_DIROPS | FUSE_CAP_ASYNC_READ);
 	if (conn->capable & FUSE_CAP_SPLICE_WRITE)
@@ -393,14 +401,16 @@ static void op_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 	struct node *n = node_or_stale(req, ino);
 	if (n == NULL)
 		return;
-	int fd = reopen(n, fi->flags);
+	int flags = backing_flags(volume_of(req), fi->flags);
+	int fd = reopen(n, flags);
 	if (fd == -1) {
 		fuse_reply_err(req, errno);
 		return;
 	}
-	fi->fh = file_handle(fd, fi->flags);
+	fi->fh = file_handle(fd, flags);
+	count_writer(volume_of(req), fi->fh, 1);
 	if (fuse_reply_open(req, fi) == -ENOENT)
-		close(fd); /* the caller was interrupted: no release follows */
+		release_file(volume_of(req), fi); /* the caller was interrupted: no release follows */
 }
 
 static void op_create(fuse_req_t req, fuse_ino_t parent, const char *name, mode_t mode,
@@ -411,8 +421,9 @@ static void op_create(fuse_req_t req, fuse_ino_t parent, const char *name, mode_
 	struct node *p = node_or_stale(req, parent);
 	if (p == NULL)
 		return;
+	int flags = backing_flags(volume_of(req), fi->flags);
 	become_caller(req);
-	int fd = openat(p->fd, name, (fi->flags | O_CREAT) & ~O_NOFOLLOW, mode);
+	int fd = openat(p->fd, name, (flags | O_CREAT) & ~O_NOFOLLOW, mode);
 	int err = errno;
 	become_server();
 	struct fuse_entry_param e;
@@ -424,10 +435,11 @@ static void op_create(fuse_req_t req, fuse_ino_t parent, const char *name, mode_
 		fuse_reply_err(req, err);
 		return;
 	}
-	fi->fh = file_handle(fd, fi->flags);
+	fi->fh = file_handle(fd, flags);
+	count_writer(volume_of(req), fi->fh, 1);
 	if (fuse_reply_create(req, &e, fi) == -ENOENT) {
 		/* the caller was interrupted: neither a release nor a forget will come */
-		close(fd);
+		release_file(volume_of(req), fi);
 		node_forget(volume_of(req), e.ino, 1);
 	}
 }
@@ -472,6 +484,14 @@ static void op_write_buf(fuse_req_t req, fuse_ino_t ino, struct fuse_bufvec *in,
 		fuse_reply_err(req, -written);
 	else
 		fuse_reply_write(req, written);
+	/*
+	 * Write-behind, after the reply: a stream's pages start for the disk now,
+	 * while the next arrive, not all at its fsync. A local file waits for the
+	 * fsync too, but is not also copied through the server. Only when data
+	 * reach the disk changes; a failure shows at the fsync as it would.
+	 */
+	if (written >= WRITE_BEHIND_BYTES)
+		sync_file_range(fd, off, written, SYNC_FILE_RANGE_WRITE);
 }
 
 /* Never refused: the backing descriptor must close whatever the epoch. */
@@ -615,9 +635,10 @@ const struct fuse_lowlevel_ops gitcsi_ops = {
 	.read = op_read,
 	.write_buf = op_write_buf,
 	/*
-	 * No flush: writes reach the backing file at once, so a close has nothing
-	 * to push; told ENOSYS once, the kernel stops sending FLUSH, a round trip
-	 * less per close. Locks are the kernel's, released without it.
+	 * No flush: the kernel writes a closing file's cached pages before it
+	 * would send FLUSH, so a close has nothing more to push; told ENOSYS once,
+	 * the kernel stops sending it, a round trip less per close. Locks are the
+	 * kernel's, released without it.
 	 */
 	.release = op_release,
 	.fsync = op_fsync,

@@ -74,6 +74,19 @@ struct volume {
 	pthread_mutex_t foreign_lock;
 	struct foreign_handle *foreign;
 
+	/* The kernel keeps written pages until a flush sends them (ops.c op_init). */
+	atomic_bool writeback;
+	atomic_int writers; /* files of this incarnation open for writing */
+	/* The flusher's thread and its stop (flush.c); worker threads take the lock, never wait under it. */
+	pthread_mutex_t flush_lock;
+	pthread_cond_t flush_wake;
+	bool flushing;
+	bool flush_stopped;
+	pthread_t flusher;
+	/* A sync under way holds it; an unmount closes syncs first (flush.c sync_close). */
+	pthread_mutex_t sync_lock;
+	bool sync_closed;
+
 	/* Epoch fence: set once, never cleared. */
 	atomic_bool fenced;
 	_Atomic int64_t serve_until_ms;
@@ -143,6 +156,23 @@ int open_dir(int dir_fd, struct dir_handle **out);
 void close_dir(struct dir_handle *d);
 /* Reopens a node through /proc with the caller's flags. */
 int reopen(const struct node *n, int flags);
+/* The flags to open the backing file with for the caller's. */
+int backing_flags(const struct volume *v, int flags);
+void count_writer(struct volume *v, uint64_t fh, int delta);
+void foreign_writer(struct volume *v, uint64_t fh, int delta);
+
+/* flush.c */
+/* Starts sending the kernel's dirty pages of the mount to the backing tree every second. */
+int flush_start(struct volume *v);
+/* Stops the flusher and waits for it; any thread but a worker's. */
+void flush_stop(struct volume *v);
+/* Files open for writing, counted up or down; the first wakes the flusher. */
+void add_writers(struct volume *v, int delta);
+/* CLOCK_REALTIME ms from now, for pthread_cond_timedwait. */
+struct timespec after_ms(int ms);
+/* No sync starts any more; one under way is waited for. */
+void sync_close(struct volume *v);
+napi_value js_sync_mount(napi_env env, napi_callback_info info);
 
 /* ops.c */
 #define PROC_PATH_SIZE 32

@@ -14,6 +14,8 @@ export interface StagedMount {
   serveUntil(ms: number): void;
   /** Every operation of the mount answers EIO from now on, its kernel caches dropped. */
   fence(): void;
+  /** The kernel's dirty pages reach the tree; false when nothing is mounted any more. */
+  sync(): Promise<boolean>;
 }
 
 export interface MountOwnerDeps {

@@ -171,8 +171,18 @@ export class Handover {
     }
   }
 
-  /** Tries until the epoch is checked; after a whole lease unchecked, it has run out: the mount serves only EIO. */
+  /** Until it is served again, the connection's pages wait in the kernel: a SyncMount of the volume cannot answer. */
   private async resumeOne(owner: MountOwner, connection: KeptConnection): Promise<void> {
+    const resumed = owner.awaitResume(connection.key);
+    try {
+      await this.resumeUntilChecked(owner, connection);
+    } finally {
+      resumed();
+    }
+  }
+
+  /** Tries until the epoch is checked; after a whole lease unchecked, it has run out: the mount serves only EIO. */
+  private async resumeUntilChecked(owner: MountOwner, connection: KeptConnection): Promise<void> {
     const volumeId = connection.key;
     const log = { volume: volumeId, operation: "fuse_resume" };
     const serve = async (paths: StagedPaths, epoch: EpochFence) =>

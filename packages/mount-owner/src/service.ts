@@ -9,6 +9,7 @@ import { publish, unpublish } from "./publish";
 import { resume, type StagedPaths } from "./resume";
 import { MountSessions } from "./sessions";
 import { stage, unstage } from "./stage";
+import { syncMount } from "./sync-mount";
 import { WorkerLink } from "./worker-link";
 
 export type { MountOwnerDeps, StagedMount, WatchedVolume } from "./context";
@@ -30,6 +31,8 @@ export interface MountOwner {
    * epoch is checked; true when it holds the volume, false when it serves only EIO.
    */
   resume(volumeId: string, serve: (paths: StagedPaths, fence: EpochFence) => Promise<StagedMount>, lost?: string): Promise<boolean>;
+  /** A kept connection waits to be resumed: until the returned function is called, SyncMount of the volume answers UNAVAILABLE. */
+  awaitResume(volumeId: string): () => void;
   /** renew_mount of every staged volume's epoch, every renewal interval (renewals.ts). */
   renewLeases(): NodeJS.Timeout;
 }
@@ -51,6 +54,7 @@ export function createMountOwner(deps: MountOwnerDeps): MountOwner {
     applyWatched: (volumeId, watched) => applyWatched(owner, volumeId, watched),
     removeVolumesDeletedWhileDown: (existing) => removeVolumesDeletedWhileDown(owner, existing),
     resume: (volumeId, serve, lost) => resume(owner, volumeId, serve, lost),
+    awaitResume: (volumeId) => sessions.awaitResume(volumeId),
   };
 }
 
@@ -83,5 +87,6 @@ function mountOwnerService(owner: Owner): mountOwner.MountOwnerServer {
     unstageVolume: serialized("unstage", (request: mountOwner.UnstageVolumeRequest, volumeId) => unstage(owner, request, volumeId)),
     publishVolume: serialized("publish", (request: mountOwner.PublishVolumeRequest, volumeId) => publish(owner, request, volumeId)),
     unpublishVolume: serialized("unpublish", (request: mountOwner.UnpublishVolumeRequest, volumeId) => unpublish(owner, request, volumeId)),
+    syncMount: unary("sync_mount", logger, async (request: mountOwner.SyncMountRequest) => ({ mounted: await syncMount(owner, required(request.volumeId, "volume_id")) })),
   };
 }

@@ -30,6 +30,8 @@ export function withMaterial(credential: gitcsi.Credential | undefined): gitcsi.
 /** The mount sessions this process serves, by volume id, and how an epoch loses its volume. */
 export class MountSessions {
   private readonly live = new Map<string, LiveSession>();
+  /** Volumes whose kept FUSE connection waits to be served again after a restart. */
+  private readonly resuming = new Set<string>();
 
   constructor(
     private readonly logger: Logger,
@@ -38,6 +40,16 @@ export class MountSessions {
 
   get(volumeId: string): LiveSession | undefined {
     return this.live.get(volumeId);
+  }
+
+  /** Marks a kept connection as waiting to be served; the answer ends the wait, resumed or not. */
+  awaitResume(volumeId: string): () => void {
+    this.resuming.add(volumeId);
+    return () => this.resuming.delete(volumeId);
+  }
+
+  awaitsResume(volumeId: string): boolean {
+    return this.resuming.has(volumeId);
   }
 
   has(volumeId: string): boolean {

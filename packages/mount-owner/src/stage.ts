@@ -107,7 +107,8 @@ async function serve(owner: Owner, volumeId: string, stagingPath: string, tree: 
 export async function startSession(owner: Owner, volumeId: string, begun: Omit<LiveSession, "mount">, mount: (fence: EpochFence) => Promise<StagedMount>): Promise<LiveSession> {
   const started: LiveSession = {
     ...begun,
-    mount: { unmount: async () => undefined, serveUntil: () => undefined, fence: () => undefined },
+    // Until the mount is made nothing is mounted, so no page waits for a sync.
+    mount: { unmount: async () => undefined, serveUntil: () => undefined, fence: () => undefined, sync: async () => false },
   };
   owner.sessions.add(volumeId, started);
   try {

@@ -109,6 +109,32 @@ describe("fuse passthrough", () => {
     assert.equal(await sh(volume, 'cat "$M/from-git"'), "committed\n");
   });
 
+  // With the writeback cache the kernel trusts its own size and pages of a
+  // cached inode; git never rewrites a file in place but replaces it (unlink,
+  // then a new file), so the name leads to a new inode once the 1 s entry
+  // cache runs out.
+  test("a file git replaces in the backing tree is read anew once the entry cache runs out, whatever the kernel cached of the old one", async () => {
+    assert.equal(await sh(volume, 'printf "the application wrote this\\n" > "$M/replaced" && cat "$M/replaced"'), "the application wrote this\n");
+    fs.unlinkSync(join(volume.backing, "replaced"));
+    fs.writeFileSync(join(volume.backing, "replaced"), "upstream\n");
+    await new Promise((r) => setTimeout(r, 1100));
+    assert.equal(await sh(volume, 'cat "$M/replaced"; stat -c %s "$M/replaced"'), "upstream\n9\n");
+  });
+
+  // The git worker asks for this before it moves the tree: git sees the backing tree only.
+  test("sync sends pages the kernel still holds to the backing tree at once", async () => {
+    fs.writeFileSync(join(volume.backing, "held"), "base\n");
+    const fd = fs.openSync(join(volume.mnt, "held"), "r+");
+    try {
+      fs.writeSync(fd, "pod!\n", 0);
+      assert.equal(backingText(volume, "held"), "base\n", "the write waits in the kernel's writeback cache");
+      assert.equal(await mount.sync(), true);
+      assert.equal(backingText(volume, "held"), "pod!\n");
+    } finally {
+      fs.closeSync(fd);
+    }
+  });
+
   test("creates files with the exact mode the app asked for", async () => {
     await sh(volume, 'umask 002 && echo x > "$M/shared" && mkdir "$M/shared-dir"');
     assert.equal(backingStat(volume, "shared").mode & 0o7777, 0o664);
@@ -496,6 +522,17 @@ describe("mount options", () => {
     } finally {
       await mount.unmount();
     }
+  });
+
+  test("a sync answers that nothing is mounted once another process unmounted it, and after our own unmount", async () => {
+    const mount = mountFuse({ mountpoint: volume.mnt, backing: volume.backing, fsname: "git-csi:synced" });
+    try {
+      await execFileAsync("umount", [volume.mnt]);
+      assert.equal(await mount.sync(), false);
+    } finally {
+      await mount.unmount();
+    }
+    assert.equal(await mount.sync(), false);
   });
 });
 

@@ -13,6 +13,7 @@ interface NativeAddon {
   unmount(handle: NativeHandle): void;
   serveUntil(handle: NativeHandle, ms: number): void;
   fence(handle: NativeHandle): void;
+  syncMount(handle: NativeHandle): Promise<boolean>;
   resume(mountpoint: string, backing: string, fsname: string, serveUntilMs: number, onFenced: (refused: number) => void, fd: number, init: Buffer): NativeHandle;
   keep(handle: NativeHandle, socketPath: string, key: string): void;
   take(socketPath: string): KeptConnection[];
@@ -63,6 +64,11 @@ export interface FuseMount {
    * attributes and entries of the mount are dropped. For good.
    */
   fence(): void;
+  /**
+   * The kernel's dirty pages of the mount reach the backing tree (syncfs).
+   * False when it is no longer mounted: the unmount sent them.
+   */
+  sync(): Promise<boolean>;
   /** The keeper at socketPath holds the connection from now on too, under key. */
   keep(socketPath: string, key: string): void;
   /** No request is taken any more and every one taken is answered: the next mount owner serves the rest. */
@@ -125,6 +131,7 @@ function wrap(handle: NativeHandle, opts: FuseMountOptions, epoch: EpochFence): 
       clearTimeout(deadline);
       if (mounted) addon.fence(handle);
     },
+    sync: () => (mounted ? addon.syncMount(handle) : Promise.resolve(false)),
     keep: (socketPath, key) => addon.keep(handle, socketPath, key),
     quiesce: () => addon.quiesce(handle),
   };
