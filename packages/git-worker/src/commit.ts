@@ -179,7 +179,8 @@ export class VolumeCommitter {
     const treeOid = written.trim();
     const [parent, parentTree] = heads.split("\n");
     if (treeOid === parentTree) return undefined;
-    const changed = await changedBetween(tree, parentTree!, treeOid);
+    // In the bare repository: diff-tree in the work tree reads its index, 100,000 entries for nothing.
+    const changed = await changedBetween(s.repo, parentTree!, treeOid);
     const staged = changed.map((c) => c.path);
     const subject = `${s.claim.name ? `${s.claim.namespace}/${s.claim.name}` : s.volumeId}: ${staged.length} path(s) after ${trigger}`;
     const more = staged.length > PATHS_LISTED ? `\n… and ${staged.length - PATHS_LISTED} more` : "";
