@@ -9,6 +9,12 @@ import type { SyncScheduler } from "./schedule";
 import { changedBetween, stageChanges, statusOf, updatePaths } from "./tree";
 import type { VolumeState } from "./volume";
 
+/** A commit made on HEAD, and the commit it sits on. */
+export interface Committed {
+  commit: string;
+  parent: string;
+}
+
 /** Paths the driver never commits: libfuse's names for open, unlinked files. */
 const ALWAYS_IGNORED = [".fuse_hidden*"];
 /** How many of a commit's paths its message lists. */
@@ -68,8 +74,8 @@ export class VolumeCommitter {
    * unstage never answers over writes no commit holds. Answers the commit
    * HEAD now names, when this made one.
    */
-  async commitOrRetry(trigger: string): Promise<string | undefined> {
-    let head: string | undefined;
+  async commitOrRetry(trigger: string): Promise<Committed | undefined> {
+    let head: Committed | undefined;
     try {
       head = await this.commit(trigger);
     } catch (err) {
@@ -97,7 +103,7 @@ export class VolumeCommitter {
   }
 
   /** Commits the pending paths; answers the commit, or undefined when nothing changed. */
-  private async commit(trigger: string): Promise<string | undefined> {
+  private async commit(trigger: string): Promise<Committed | undefined> {
     const asked = [...this.s.pending];
     if (asked.length === 0) return undefined;
     const { tooLarge, bytes } = (await this.stageAsListed(asked)) ?? (await this.stage(asked));
@@ -171,7 +177,7 @@ export class VolumeCommitter {
    * cost must follow the change. The paths come from the two trees, never
    * from the index.
    */
-  private async writeCommit(trigger: string): Promise<string | undefined> {
+  private async writeCommit(trigger: string): Promise<Committed | undefined> {
     const s = this.s;
     const tree = s.tree;
     // Neither waits for the other: the machine has more than one core.
@@ -191,7 +197,7 @@ export class VolumeCommitter {
     s.unpushed++;
     this.scheduler.committed();
     s.log("info", "committed", "commit", { paths: staged.length, trigger });
-    return commit;
+    return { commit, parent: parent! };
   }
 
   private noteSkipped(asked: string[], tooLarge: Map<string, number>): void {
