@@ -884,7 +884,7 @@ function commitMarkdown(section: CommitSection): string {
     timeRow("(a) driver: write → remote ref moved", (t) => t.median.driver.totalMs, growth.driverTotal),
     timeRow(`(a) minus the ${q} quiesce`, (t) => t.median.driver.minusQuiesceMs, growth.driverMinusQuiesce),
     timeRow("… write → path pending (watcher, git status of the path)", (t) => t.median.driver.pendingMs, growth.driverPending),
-    timeRow("… write → committed, minus the quiesce (watcher, update-index, write-tree, commit)", (t) => t.median.driver.committedMs, growth.driverCommitted),
+    timeRow("… write → committed, minus the quiesce (watcher, then update-index beside hash-object and fast-import)", (t) => t.median.driver.committedMs, growth.driverCommitted),
     timeRow("… committed → pushed (metadata record, owner record, push)", (t) => t.median.driver.pushMs, growth.driverPush),
     timeRow("(b) by hand: git add PATH; git commit; git push", (t) => t.median.byHand, growth.byHand),
     timeRow("(c) full scan: git add --all; git commit; git push", (t) => t.median.fullScan, growth.fullScan),

@@ -3,16 +3,27 @@ import * as fs from "node:fs/promises";
 import * as path from "node:path";
 import { formatDuration, orAbsent, Reason } from "@git-csi/config";
 import { type CsiError, internal } from "@git-csi/protos";
+import { type FastCommit, commitFiles, type FileNow } from "./fast-commit";
 import { ARGV_BATCH, runGit, traced } from "./git";
 import type { VolumeReporter } from "./report";
 import type { SyncScheduler } from "./schedule";
 import { changedBetween, stageChanges, statusOf, updatePaths } from "./tree";
 import type { VolumeState } from "./volume";
 
+/** A commit made on HEAD, and the commit it sits on. */
+export interface Committed {
+  commit: string;
+  parent: string;
+}
+
 /** Paths the driver never commits: libfuse's names for open, unlinked files. */
 const ALWAYS_IGNORED = [".fuse_hidden*"];
 /** How many of a commit's paths its message lists. */
 const PATHS_LISTED = 50;
+/** Up to this many bytes, a commit's files are hashed for it straight from the tree (see fastCommit). */
+const FAST_COMMIT_BYTES = 1024 * 1024;
+
+type Sized = { tooLarge: Map<string, number>; bytes: number };
 
 /**
  * Committing, spec 004 "What happens after a write": which written paths
@@ -68,8 +79,8 @@ export class VolumeCommitter {
    * unstage never answers over writes no commit holds. Answers the commit
    * HEAD now names, when this made one.
    */
-  async commitOrRetry(trigger: string): Promise<string | undefined> {
-    let head: string | undefined;
+  async commitOrRetry(trigger: string): Promise<Committed | undefined> {
+    let head: Committed | undefined;
     try {
       head = await this.commit(trigger);
     } catch (err) {
@@ -97,11 +108,12 @@ export class VolumeCommitter {
   }
 
   /** Commits the pending paths; answers the commit, or undefined when nothing changed. */
-  private async commit(trigger: string): Promise<string | undefined> {
+  private async commit(trigger: string): Promise<Committed | undefined> {
     const asked = [...this.s.pending];
     if (asked.length === 0) return undefined;
-    const { tooLarge, bytes } = (await this.stageAsListed(asked)) ?? (await this.stage(asked));
-    const committed = await this.writeCommit(trigger);
+    const listed = await this.commitAsListed(asked, trigger);
+    const { tooLarge, bytes } = listed ?? (await this.stage(asked));
+    const committed = listed ? listed.committed : await this.writeCommit(trigger);
     if (committed) this.s.unpushedBytes += bytes;
     this.noteSkipped(asked, tooLarge);
     for (const p of asked) this.s.pending.delete(p);
@@ -112,28 +124,59 @@ export class VolumeCommitter {
   }
 
   /**
-   * Stages the pending paths as they are now in one git process: git status
-   * listed them when they were written, and every write since went through
-   * the watcher's refresh, so git need not be asked again. Undefined where
-   * that does not hold (a path became a directory, a .gitignore changed and
-   * may ignore what was pending, more paths than one command line takes):
-   * then git is asked.
+   * Stages the pending paths as they are now in one git process, and
+   * commits them: git status listed them when they were written, and every
+   * write since went through the watcher's refresh, so git need not be asked
+   * again. Small files go into the commit straight from the tree meanwhile
+   * (commitFiles): the commit neither waits for the index nor reads it.
+   * Undefined where that does not hold (a path became a directory, a
+   * .gitignore changed and may ignore what was pending, more paths than one
+   * command line takes): then git is asked.
    */
-  private async stageAsListed(asked: string[]): Promise<{ tooLarge: Map<string, number>; bytes: number } | undefined> {
+  private async commitAsListed(asked: string[], trigger: string): Promise<(Sized & { committed: Committed | undefined }) | undefined> {
     if (asked.length > ARGV_BATCH || asked.some((p) => path.posix.basename(p) === ".gitignore")) return undefined;
     const stats = await Promise.all(asked.map((p) => orAbsent(fs.lstat(path.join(this.s.treeDir, p)))));
     if (stats.some((stat) => stat?.isDirectory())) return undefined;
-    const sized = this.sized(asked.map((p, i) => ({ path: p, stat: stats[i] })));
-    try {
-      await updatePaths(
-        this.s.tree,
-        asked.filter((p) => !sized.tooLarge.has(p)),
-      );
-    } catch (err) {
-      this.s.log("info", `the pending paths are staged again after asking git which changed: ${(err as Error).message}`, "commit");
+    const files = asked.map((p, i) => ({ path: p, stat: stats[i] }));
+    const sized = this.sized(files);
+    const staged = files.filter((f) => !sized.tooLarge.has(f.path));
+    const fast = this.fastCommit(staged, sized.bytes, trigger);
+    const indexed = updatePaths(
+      this.s.tree,
+      staged.map((f) => f.path),
+    ).then(
+      () => undefined,
+      (err: Error) => err,
+    );
+    const [made, failed] = await Promise.all([fast, indexed]);
+    // A commit fast-import made is HEAD's now, whatever the index did.
+    const committed = made !== undefined && made !== "unchanged" ? this.noteCommitted(made, trigger) : undefined;
+    if (failed) {
+      this.s.log("info", `the pending paths are staged again after asking git which changed: ${failed.message}`, "commit");
       return undefined;
     }
-    return sized;
+    return { ...sized, committed: made === undefined ? await this.writeCommit(trigger) : committed };
+  }
+
+  /**
+   * commitFiles, for a few small regular files (each is hashed twice: for
+   * the commit and for the index). Undefined where the index decides,
+   * through writeCommit; a failure here is one too.
+   */
+  private async fastCommit(files: FileNow[], bytes: number, trigger: string): Promise<FastCommit | "unchanged" | undefined> {
+    if (files.length === 0 || bytes > FAST_COMMIT_BYTES || files.some((f) => f.stat !== undefined && !f.stat.isFile())) return undefined;
+    try {
+      return await commitFiles(this.s.treeSetting, this.s.tree, files, this.s.policy!.author, (changed) => {
+        const { subject, body } = this.message(
+          trigger,
+          changed.map((c) => c.path),
+        );
+        return `${subject}\n\n${body}\n`;
+      });
+    } catch (err) {
+      this.s.log("info", `the commit is written through the index: ${(err as Error).message}`, "commit");
+      return undefined;
+    }
   }
 
   /**
@@ -141,7 +184,7 @@ export class VolumeCommitter {
    * them; the ones over commit.maxFileSize stay out. Answers those, and the
    * bytes of the files staged.
    */
-  private async stage(asked: string[]): Promise<{ tooLarge: Map<string, number>; bytes: number }> {
+  private async stage(asked: string[]): Promise<Sized> {
     const pathspecFile = path.join(this.s.volumeDir, "pathspec");
     let sized = { tooLarge: new Map<string, number>(), bytes: 0 };
     await stageChanges(this.s.tree, pathspecFile, asked, async (changed) => {
@@ -154,7 +197,7 @@ export class VolumeCommitter {
   }
 
   /** The files over commit.maxFileSize, and the bytes of the others. */
-  private sized(paths: { path: string; stat: Stats | undefined }[]): { tooLarge: Map<string, number>; bytes: number } {
+  private sized(paths: { path: string; stat: Stats | undefined }[]): Sized {
     const maxFileSize = this.s.policy!.maxFileSizeBytes;
     const tooLarge = new Map<string, number>();
     let bytes = 0;
@@ -171,7 +214,7 @@ export class VolumeCommitter {
    * cost must follow the change. The paths come from the two trees, never
    * from the index.
    */
-  private async writeCommit(trigger: string): Promise<string | undefined> {
+  private async writeCommit(trigger: string): Promise<Committed | undefined> {
     const s = this.s;
     const tree = s.tree;
     // Neither waits for the other: the machine has more than one core.
@@ -179,18 +222,33 @@ export class VolumeCommitter {
     const treeOid = written.trim();
     const [parent, parentTree] = heads.split("\n");
     if (treeOid === parentTree) return undefined;
-    const changed = await changedBetween(tree, parentTree!, treeOid);
-    const staged = changed.map((c) => c.path);
-    const subject = `${s.claim.name ? `${s.claim.namespace}/${s.claim.name}` : s.volumeId}: ${staged.length} path(s) after ${trigger}`;
-    const more = staged.length > PATHS_LISTED ? `\n… and ${staged.length - PATHS_LISTED} more` : "";
-    const body = staged.slice(0, PATHS_LISTED).join("\n") + more;
+    // In the bare repository: diff-tree in the work tree reads its index, 100,000 entries for nothing.
+    const changed = await changedBetween(s.repo, parentTree!, treeOid);
+    const { subject, body } = this.message(
+      trigger,
+      changed.map((c) => c.path),
+    );
     const commit = (await runGit(tree, ["commit-tree", treeOid, "-p", parent!, "-m", subject, "-m", body])).trim();
     await runGit(traced(s.tree), ["update-ref", "-m", "git-csi: commit", "HEAD", commit, parent!]);
+    return this.noteCommitted({ commit, parent: parent!, changed }, trigger);
+  }
+
+  /** A commit's message: who, how many paths and why, then the paths. */
+  private message(trigger: string, staged: string[]): { subject: string; body: string } {
+    const s = this.s;
+    const subject = `${s.claim.name ? `${s.claim.namespace}/${s.claim.name}` : s.volumeId}: ${staged.length} path(s) after ${trigger}`;
+    const more = staged.length > PATHS_LISTED ? `\n… and ${staged.length - PATHS_LISTED} more` : "";
+    return { subject, body: staged.slice(0, PATHS_LISTED).join("\n") + more };
+  }
+
+  /** HEAD names a new commit: one more the remote lacks. */
+  private noteCommitted({ commit, parent, changed }: FastCommit, trigger: string): Committed {
+    const s = this.s;
     for (const c of changed) if (!c.deleted) s.committedPaths.add(c.path);
     s.unpushed++;
     this.scheduler.committed();
-    s.log("info", "committed", "commit", { paths: staged.length, trigger });
-    return commit;
+    s.log("info", "committed", "commit", { paths: changed.length, trigger });
+    return { commit, parent };
   }
 
   private noteSkipped(asked: string[], tooLarge: Map<string, number>): void {

@@ -1,3 +1,5 @@
+import { spawn } from "node:child_process";
+import * as readline from "node:readline";
 import { REMOTE_TRANSPORTS } from "@git-csi/config";
 import type { Logger } from "@git-csi/logging";
 import { GitError, simpleGit, type SimpleGit } from "simple-git";
@@ -94,16 +96,76 @@ export function logGitTo(logger: Logger): void {
  */
 const REMOTE_ONLY = ["protocol.allow=never", "protocol.file.allow=never", "protocol.ext.allow=never", ...REMOTE_TRANSPORTS.map((transport) => `protocol.${transport}.allow=always`)];
 
-/** git run in an existing directory, with a clean environment: no prompt ever waits for a terminal. */
+/** The clean environment of every git the worker runs: no prompt ever waits for a terminal. */
+function cleanEnv(env: Record<string, string>): Record<string, string> {
+  return { PATH: process.env.PATH ?? "/usr/bin:/bin", HOME: process.env.HOME ?? "/", GIT_TERMINAL_PROMPT: "0", ...env };
+}
+
+/** git run in an existing directory, with a clean environment. */
 export function gitIn(cwd: string, env: Record<string, string>, config: string[] = []): SimpleGit {
   // The credential helper, ssh command and protocol settings are always the worker's own, never input.
   const unsafe = { allowUnsafeCredentialHelper: true, allowUnsafeSshCommand: true, allowUnsafeProtocolOverride: true };
-  return simpleGit({ baseDir: cwd, trimmed: false, config: [...REMOTE_ONLY, ...config], unsafe }).env({
-    PATH: process.env.PATH ?? "/usr/bin:/bin",
-    HOME: process.env.HOME ?? "/",
-    GIT_TERMINAL_PROMPT: "0",
-    ...env,
-  });
+  return simpleGit({ baseDir: cwd, trimmed: false, config: [...REMOTE_ONLY, ...config], unsafe }).env(cleanEnv(env));
+}
+
+/** Where and how a git process runs, for the commands simple-git cannot run (see converse). */
+export interface GitSetting {
+  cwd: string;
+  env: Record<string, string>;
+  config: string[];
+}
+
+/** Writes to a git process's stdin, and reads its output line by line. */
+export interface Conversation {
+  write(text: string): void;
+  line(): Promise<string>;
+}
+
+/**
+ * Runs one git command that reads stdin while it answers on stdout
+ * (fast-import): simple-git gives a command no stdin. `talk` writes and
+ * reads; stdin closes when it returns, and a git that then fails rejects
+ * with its argv and stderr, as runGit does.
+ */
+export async function converse<T>(at: GitSetting, argv: string[], talk: (io: Conversation) => Promise<T>): Promise<T> {
+  const started = Date.now();
+  const config = [...REMOTE_ONLY, ...at.config].flatMap((c) => ["-c", c]);
+  const child = spawn("git", [...config, ...argv], { cwd: at.cwd, env: cleanEnv(at.env), stdio: ["pipe", "pipe", "pipe"] });
+  let stderr = "";
+  child.stderr.setEncoding("utf8").on("data", (text: string) => (stderr += text));
+  // A git that stopped reading is told by its exit code, not by a write that failed.
+  child.stdin.on("error", () => undefined);
+  // A git that could not start is a failure like any other: its reason is what stderr would have said.
+  const exited = new Promise<number | null>((resolve) =>
+    child
+      .once("error", (err) => {
+        stderr += err.message;
+        resolve(null);
+      })
+      .once("close", resolve),
+  );
+  const lines = readline.createInterface({ input: child.stdout })[Symbol.asyncIterator]();
+  const failed = (message: string) => new GitCommandError(argv, message);
+  try {
+    const answer = await talk({
+      write: (text) => child.stdin.write(text),
+      line: async () => {
+        const next = await lines.next();
+        if (next.done) throw failed(stderr.trim() || "git ended its output before answering");
+        return next.value as string;
+      },
+    });
+    child.stdin.end();
+    const code = await exited;
+    if (code !== 0) throw failed(stderr.trim() || `git exited with ${String(code)}`);
+    log?.debug(`git ${subcommand(argv)}`, { operation: "git", ms: Date.now() - started });
+    return answer;
+  } catch (err) {
+    child.kill();
+    const error = err instanceof GitCommandError ? err : failed(String(err));
+    log?.debug(`git ${subcommand(argv)} failed`, { operation: "git", ms: Date.now() - started, error: error.stderr });
+    throw error;
+  }
 }
 
 /** Who a commit names: git reads author and committer from these, and the driver writes both as the class's author. */

@@ -1,5 +1,6 @@
 import * as path from "node:path";
 import { METADATA_REF, Reason } from "@git-csi/config";
+import type { Committed } from "./commit";
 import { recordMetadata } from "./metadata-record";
 import { afterPush, commitsToPush, REBASE_ATTEMPTS, somethingToPush, type SyncOutcome, withoutCredential } from "./push-decisions";
 import { branchChange, metadataChange, pushChanges, RemoteError, STAGE_BYTES } from "./remote";
@@ -29,7 +30,7 @@ export class VolumePush {
    * push itself) is a failed push. `head`: the commit HEAD names, when the
    * commit just before this push made it.
    */
-  async push(trigger: string, head?: string): Promise<SyncOutcome> {
+  async push(trigger: string, head?: Committed): Promise<SyncOutcome> {
     try {
       // A whole push, fetch and rebase included, holds the URL's repository: volumes of one URL take turns.
       return await this.s.ctx.onRepository(() => this.pushOnce(trigger, head));
@@ -39,7 +40,7 @@ export class VolumePush {
     }
   }
 
-  private async pushOnce(trigger: string, committed: string | undefined): Promise<SyncOutcome> {
+  private async pushOnce(trigger: string, committed: Committed | undefined): Promise<SyncOutcome> {
     const s = this.s;
     this.scheduler.pushStarts();
     if (s.waitingForCredential) {
@@ -50,7 +51,9 @@ export class VolumePush {
     const head = s.onSideBranch ? undefined : committed;
     if (s.onSideBranch) await this.upstream.tryToHeal();
     if (!somethingToPush(s.unpushed, s.refDeleted, s.metadataChanged.size)) return { pushed: true, message: "nothing to push" };
-    const failed = await this.pushChanges(head ?? (await revParse(s.tree, "HEAD")));
+    // The only commit the remote lacks sits on what the last push left there: the push expects that, and nobody asks git.
+    const landedOn = head && s.unpushed === 1 && !s.refDeleted ? head.parent : undefined;
+    const failed = await this.pushChanges(head?.commit ?? (await revParse(s.tree, "HEAD")), landedOn);
     if (failed) return failed;
     return { pushed: true, message: `pushed to ${s.pushBranch}` };
   }
@@ -64,16 +67,18 @@ export class VolumePush {
    * repository record on it too) is recorded on again, a few times, then the
    * commits go without it. The rebased commit goes out straight from the
    * scratch worktree; the pod's tree takes it once it landed. Answers the
-   * failure, or nothing once everything landed.
+   * failure, or nothing once everything landed. `landedOn`: where the branch
+   * is expected to be, a commit `head` contains, when the caller knows.
    */
-  private async pushChanges(head: string): Promise<SyncOutcome | undefined> {
+  private async pushChanges(head: string, landedOn?: string): Promise<SyncOutcome | undefined> {
     const s = this.s;
     let candidate = head;
+    let branchAt = landedOn;
     let metadata = await this.recordMetadata();
     for (let rebases = 0, retries = 0; ;) {
       const withCommits = commitsToPush(s.unpushed, s.refDeleted);
       if (!withCommits && !metadata) return undefined;
-      const changes = [...(withCommits ? [branchChange(candidate, s.pushBranch)] : []), ...(metadata ? [metadataChange(metadata.commit, metadata.base)] : [])];
+      const changes = [...(withCommits ? [branchChange(candidate, s.pushBranch, branchAt)] : []), ...(metadata ? [metadataChange(metadata.commit, metadata.base)] : [])];
       // Only a push that may be large asks git what it would send: that walk costs more than a small push saves.
       const mayBeLarge = s.unpushedBytes > STAGE_BYTES || candidate !== head || metadata?.base === "";
       const result = await s.fenced((repo, fence) => pushChanges(repo, changes, fence), mayBeLarge ? changes : []);
@@ -84,6 +89,8 @@ export class VolumePush {
       }
       if (result.outcome === "failed") return this.pushFailed(result.message);
       s.log("info", "the push was rejected: the remote moved", "push", { rebases, retries, detail: result.message });
+      // What the branch holds now is what the fetch below tells, no longer what the last push left.
+      branchAt = undefined;
       const moved = await this.upstream.whatMoved(candidate, metadata?.base);
       if (withCommits && moved.branch) {
         const next = afterPush(result, rebases++, s.onSideBranch ? s.sideBranch : undefined);

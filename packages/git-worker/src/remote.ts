@@ -127,9 +127,10 @@ export async function pushUpdates(repo: SimpleGit, updates: RefUpdate[]): Promis
 
 /**
  * A commit for a ref, pushed as a compare-and-swap from `seen`: the node's
- * ref holding its last view of `ref`. `base`, when given, is where `seen`
- * stood when the caller made `commit` on top of it, in the same hold of the
- * repository: nobody asks git for either again.
+ * ref holding its last view of `ref`. `base`, when given, is what the
+ * compare-and-swap expects instead, a commit `commit` contains (where `seen`
+ * stood when the caller made `commit` on top of it): nobody asks git for
+ * either again, and a ref that moved from it is refused by the remote.
  */
 export interface RefChange {
   ref: string;
@@ -138,8 +139,8 @@ export interface RefChange {
   base?: string;
 }
 
-export function branchChange(commit: string, branch: string): RefChange {
-  return { ref: `refs/heads/${branch}`, seen: upstreamRef(branch), commit };
+export function branchChange(commit: string, branch: string, base?: string): RefChange {
+  return { ref: `refs/heads/${branch}`, seen: upstreamRef(branch), commit, ...(base === undefined ? {} : { base }) };
 }
 
 export function metadataChange(commit: string, base: string): RefChange {

@@ -5,7 +5,7 @@ import type { SimpleGit } from "simple-git";
 import { BRANCH_RULE, branchOf, remoteUrlProblem } from "@git-csi/config";
 import { failedPrecondition, invalidArgument } from "@git-csi/protos";
 import type { RemoteOptions } from "./access";
-import { gitIn, runGit } from "./git";
+import { gitIn, type GitSetting, runGit } from "./git";
 import { ListingCache } from "./metadata-plumbing";
 
 /**
@@ -65,10 +65,17 @@ export class Store {
    * a few entries writes those, not the whole tree's index again.
    */
   tree(url: string, volumeId: string, env: Record<string, string> = {}): SimpleGit {
-    return gitAt(this.treeDir(volumeId), { GIT_DIR: this.treeGitDir(url, volumeId), GIT_WORK_TREE: this.treeDir(volumeId), GIT_LITERAL_PATHSPECS: "1", ...env }, [
-      `core.excludesFile=${this.excludesFile(volumeId)}`,
-      "core.splitIndex=true",
-    ]);
+    const at = this.treeSetting(url, volumeId, env);
+    return gitAt(this.treeDir(volumeId), at.env, at.config);
+  }
+
+  /** The same git for a process run inside the work tree, whose relative paths are the tree's own. */
+  treeSetting(url: string, volumeId: string, env: Record<string, string> = {}): GitSetting {
+    return {
+      cwd: this.treeDir(volumeId),
+      env: { GIT_DIR: this.treeGitDir(url, volumeId), GIT_WORK_TREE: this.treeDir(volumeId), GIT_LITERAL_PATHSPECS: "1", ...env },
+      config: [`core.excludesFile=${this.excludesFile(volumeId)}`, "core.splitIndex=true"],
+    };
   }
 
   /** git in the scratch worktree. */

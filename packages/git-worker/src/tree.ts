@@ -88,7 +88,11 @@ export async function updatePaths(git: SimpleGit, paths: string[]): Promise<void
   for (const batch of chunks(paths)) await runGit(git, ["update-index", "--verbose", "--add", "--remove", "--replace", "--", ...batch]);
 }
 
-/** The paths that differ between two trees, as statusOf answers: git reads only the subtrees that differ, never the index. */
+/**
+ * The paths that differ between two trees, as statusOf answers: git reads
+ * only the subtrees that differ. Ask a bare repository: in a work tree
+ * diff-tree reads the whole index first, though it never uses it.
+ */
 export async function changedBetween(git: SimpleGit, from: string, to: string): Promise<PathStatus[]> {
   const fields = (await runGit(git, ["diff-tree", "-r", "--no-renames", "--name-status", "-z", from, to])).split("\0");
   const out: PathStatus[] = [];

@@ -5,7 +5,7 @@ import type { ClaimLabels, DriverMetrics } from "@git-csi/metrics";
 import type { gitcsi } from "@git-csi/protos";
 import type { SimpleGit } from "simple-git";
 import type { RemoteAccess } from "./access";
-import { authorEnv } from "./git";
+import { authorEnv, type GitSetting } from "./git";
 import type { MountLease } from "./lease";
 import type { Fence, PushResult, RefChange } from "./remote";
 import type { Store } from "./store";
@@ -108,6 +108,11 @@ export class VolumeState {
 
   get tree(): SimpleGit {
     return this.ctx.store.tree(this.ctx.source.url, this.ctx.volumeId, this.authorEnv());
+  }
+
+  /** git in the work tree, for a process that runs inside it (see converse). */
+  get treeSetting(): GitSetting {
+    return this.ctx.store.treeSetting(this.ctx.source.url, this.ctx.volumeId, this.authorEnv());
   }
 
   get repo(): SimpleGit {
