@@ -59,17 +59,17 @@ export class SyncScheduler {
     this.timing = timing;
   }
 
-  /** A write: the quiet starts again, and the latency bound runs from the oldest unpushed change. */
-  wrote(): void {
+  /** A write, made by `at`: the quiet starts again from it, and the latency bound runs from the oldest unpushed change. */
+  wrote(at = this.clock.now()): void {
     if (!this.timing) return;
-    this.restartQuiesce();
+    this.restartQuiesce(at);
     this.ensureLatency();
   }
 
-  restartQuiesce(): void {
+  restartQuiesce(from = this.clock.now()): void {
     this.cancelQuiesce?.();
     if (!this.timing || this.stopped) return;
-    this.cancelQuiesce = this.clock.after(this.timing.quiesceMs, () => this.fire("quiesce"));
+    this.cancelQuiesce = this.clock.after(Math.max(0, from + this.timing.quiesceMs - this.clock.now()), () => this.fire("quiesce"));
   }
 
   /** Starts the maxLatency timer unless one runs, or nothing waits. */

@@ -14,6 +14,7 @@ import { SyncScheduler, systemClock } from "./schedule";
 import type { PreparedTree } from "./stage";
 import { VolumeUpstream } from "./upstream";
 import { type SyncContext, VolumeState } from "./volume";
+import { WatchBatches } from "./watch-batches";
 
 /**
  * One staged volume's write path, spec 004 "What happens after a write" and
@@ -30,6 +31,7 @@ export class VolumeSync {
   private readonly upstream: VolumeUpstream;
   private readonly pusher: VolumePush;
   private subscription?: watcher.AsyncSubscription;
+  private readonly batches = new WatchBatches();
   private publishFingerprint = "";
   private published: boolean;
   private chain: Promise<unknown> = Promise.resolve();
@@ -120,7 +122,7 @@ export class VolumeSync {
         this.s.fullScan = true;
       }
       for (const event of events) this.committer.noteChange(path.relative(treeDir, event.path));
-      this.onWrite();
+      this.onWrite(this.batches.writtenBy(systemClock.now()));
     });
     await this.enqueue(() => this.committer.refreshPending());
     await this.enqueue(() => this.upstream.refreshUnpushed());
@@ -239,10 +241,10 @@ export class VolumeSync {
 
   // ---- writes, commit and push ----------------------------------------
 
-  private onWrite(): void {
+  private onWrite(at: number): void {
     if (this.stopped) return;
     void this.enqueue(() => this.committer.refreshPending()).catch((err: unknown) => this.reporter.fail("status", err));
-    this.scheduler.wrote();
+    this.scheduler.wrote(at);
   }
 
   /** The pod stopped: commit and push now, whatever the timers say. */

@@ -74,6 +74,19 @@ test("a write is committed after push.quiesce of quiet, and each write restarts 
   assert.deepEqual(fired, [{ trigger: "quiesce", at: 3_500 }]);
 });
 
+test("the quiet counts from when a write was made, not from when the watcher told of it", () => {
+  const { clock, fired, s } = scheduler();
+  s.arm(TIMING);
+  s.wrote(clock.now());
+  clock.advance(60);
+  // A batch the watcher held 50 ms: its writes were made by 10.
+  s.wrote(clock.now() - 50);
+  clock.advance(TIMING.quiesceMs - 51);
+  assert.deepEqual(fired, []);
+  clock.advance(1);
+  assert.deepEqual(fired, [{ trigger: "quiesce", at: 10 + TIMING.quiesceMs }]);
+});
+
 test("writes that never stop are pushed every push.maxLatency, counted from the oldest write the remote lacks", () => {
   const { clock, fired, s } = scheduler({ has: true }, pushedWithWritesPending);
   s.arm(TIMING);
