@@ -24,6 +24,7 @@ RUN --mount=type=cache,id=pnpm-store,target=/root/.local/share/pnpm/store \
 # follows the tsconfig references), once for every target.
 RUN pnpm --filter @git-csi/protos run generate \
  && make -C packages/mount-owner/native \
+ && make -C packages/git-worker/native \
  && pnpm exec tsc -b packages/csi-frontend packages/mount-owner packages/git-worker
 # Each package with its production dependencies only, workspace packages
 # copied in, the addon in the mount owner's dist. No install script runs:

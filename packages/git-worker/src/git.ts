@@ -1,4 +1,6 @@
 import { spawn } from "node:child_process";
+import * as fs from "node:fs/promises";
+import * as path from "node:path";
 import * as readline from "node:readline";
 import { REMOTE_TRANSPORTS } from "@git-csi/config";
 import type { Logger } from "@git-csi/logging";
@@ -96,6 +98,23 @@ export function logGitTo(logger: Logger): void {
  */
 const REMOTE_ONLY = ["protocol.allow=never", "protocol.file.allow=never", "protocol.ext.allow=never", ...REMOTE_TRANSPORTS.map((transport) => `protocol.${transport}.allow=always`)];
 
+/**
+ * git:// remotes through the worker's relay (native/tcp-relay.c), which turns
+ * Nagle off: on git's own connection every push waits for the server's
+ * delayed ACK, 40 ms. core.gitProxy touches no other transport.
+ */
+export const TCP_RELAY = path.join(__dirname, "..", "native", "git-csi-tcp-relay");
+
+/** Every command's configuration: the transports, and the relay. */
+const WORKER_CONFIG = [...REMOTE_ONLY, `core.gitProxy=${TCP_RELAY}`];
+
+/** A worker without its relay could reach no git:// remote: it says so at startup, not at the first push. */
+export async function checkRelay(): Promise<void> {
+  await fs.access(TCP_RELAY, fs.constants.X_OK).catch((err: Error) => {
+    throw new Error(`the git:// relay ${TCP_RELAY} cannot run (${err.message}); \`make build\` builds it`);
+  });
+}
+
 /** The clean environment of every git the worker runs: no prompt ever waits for a terminal. */
 function cleanEnv(env: Record<string, string>): Record<string, string> {
   return { PATH: process.env.PATH ?? "/usr/bin:/bin", HOME: process.env.HOME ?? "/", GIT_TERMINAL_PROMPT: "0", ...env };
@@ -104,8 +123,8 @@ function cleanEnv(env: Record<string, string>): Record<string, string> {
 /** git run in an existing directory, with a clean environment. */
 export function gitIn(cwd: string, env: Record<string, string>, config: string[] = []): SimpleGit {
   // The credential helper, ssh command and protocol settings are always the worker's own, never input.
-  const unsafe = { allowUnsafeCredentialHelper: true, allowUnsafeSshCommand: true, allowUnsafeProtocolOverride: true };
-  return simpleGit({ baseDir: cwd, trimmed: false, config: [...REMOTE_ONLY, ...config], unsafe }).env(cleanEnv(env));
+  const unsafe = { allowUnsafeCredentialHelper: true, allowUnsafeSshCommand: true, allowUnsafeProtocolOverride: true, allowUnsafeGitProxy: true };
+  return simpleGit({ baseDir: cwd, trimmed: false, config: [...WORKER_CONFIG, ...config], unsafe }).env(cleanEnv(env));
 }
 
 /** Where and how a git process runs, for the commands simple-git cannot run (see converse). */
@@ -129,7 +148,7 @@ export interface Conversation {
  */
 export async function converse<T>(at: GitSetting, argv: string[], talk: (io: Conversation) => Promise<T>): Promise<T> {
   const started = Date.now();
-  const config = [...REMOTE_ONLY, ...at.config].flatMap((c) => ["-c", c]);
+  const config = [...WORKER_CONFIG, ...at.config].flatMap((c) => ["-c", c]);
   const child = spawn("git", [...config, ...argv], { cwd: at.cwd, env: cleanEnv(at.env), stdio: ["pipe", "pipe", "pipe"] });
   let stderr = "";
   child.stderr.setEncoding("utf8").on("data", (text: string) => (stderr += text));

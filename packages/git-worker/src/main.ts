@@ -12,7 +12,7 @@ import { CredentialBroker } from "./broker";
 import { collectGarbage } from "./gc";
 import { gitWorkerService, type Syncs } from "./service";
 import { Store } from "./store";
-import { logGitTo } from "./git";
+import { checkRelay, logGitTo } from "./git";
 
 /** One collection at a time; a failure is logged and the next one tries again. */
 function serialCollector(store: Store, logger: Logger, perRepository: KeyedSerial): () => Promise<void> {
@@ -56,6 +56,7 @@ async function main(): Promise<void> {
   ]);
   const logger = createLogger("git-worker");
   logGitTo(logger);
+  await checkRelay();
   const store = new Store(flags["state-dir"]!);
   const metrics = new DriverMetrics();
   const syncs: Syncs = new Map();

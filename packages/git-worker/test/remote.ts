@@ -48,6 +48,15 @@ async function serveGitDaemon(t: TestContext, baseDir: string): Promise<(repo: s
   return (repo) => `git://127.0.0.1:${port}/${repo}`;
 }
 
+/** A port nothing listens on: the kernel's choice, let go at once. */
+export async function freePort(): Promise<number> {
+  const server = net.createServer();
+  await new Promise<void>((resolve) => server.listen(0, "127.0.0.1", resolve));
+  const { port } = server.address() as net.AddressInfo;
+  await new Promise<void>((resolve) => server.close(() => resolve()));
+  return port;
+}
+
 export interface ServedRemote {
   /** The bare repository on disk. */
   dir: string;

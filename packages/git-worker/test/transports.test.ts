@@ -1,4 +1,6 @@
 import assert from "node:assert/strict";
+import { execFileSync } from "node:child_process";
+import * as fsSync from "node:fs";
 import * as fs from "node:fs/promises";
 import * as path from "node:path";
 import { test, type TestContext } from "node:test";
@@ -7,11 +9,13 @@ import { RemoteAccess } from "../src/access";
 import { CredentialBroker } from "../src/broker";
 import { collectGarbage, rememberSource } from "../src/gc";
 import { writeRecords } from "../src/lease";
-import { fetchBranch } from "../src/remote";
+import { TCP_RELAY } from "../src/git";
+import { fetchBranch, pushUpdates } from "../src/remote";
 import { prepareTree } from "../src/stage";
 import { exists, Store, upstreamRef } from "../src/store";
+import type { RemoteOptions } from "../src/access";
 import { revParse } from "../src/tree";
-import { type ServedRemote, servedRemote, tempDir } from "./remote";
+import { freePort, gitAt, type ServedRemote, servedRemote, tempDir } from "./remote";
 
 const VOLUME = "pvc-transports";
 
@@ -102,4 +106,41 @@ test("the store's collection deletes owner records a renewal replaced an hour ag
   await collectGarbage(store, createLogger("git-worker", "error"), (_repoDir, work) => work());
   assert.equal(await revParse(repo, replaced!), "", "the record replaced two hours ago is still in the node's repository");
   assert.equal(await revParse(repo, recent!), recent, "a record written now was deleted");
+});
+
+/** A commit on the empty history holding one file of `bytes` random bytes, written by the test's own git. */
+function bigCommit(git: (...args: string[]) => string, gitDir: string, bytes: number): string {
+  const file = path.join(path.dirname(gitDir), `random-${bytes}`);
+  execFileSync("head", ["-c", String(bytes), "/dev/urandom"], { stdio: ["ignore", fsSync.openSync(file, "w"), "inherit"] });
+  const blob = git("hash-object", "-w", file);
+  const tree = execFileSync("git", ["mktree"], { env: { PATH: process.env.PATH, GIT_DIR: gitDir }, input: `100644 blob ${blob}\tdata\n`, encoding: "utf8" }).trim();
+  return git("commit-tree", tree, "-m", "several MiB");
+}
+
+test("git:// goes through the worker's relay, which carries megabytes both ways and names a remote it cannot reach", async (t) => {
+  const { store, access, remote } = await stagedNode(t);
+  const trace = path.join(store.stateDir, "trace");
+  // GIT_TRACE to a file: git logs every command it runs, the relay too.
+  const traced = (options: RemoteOptions) => ({ ...options, env: { ...options.env, GIT_TRACE: trace } });
+  const nodeDir = store.repoDir(remote.url);
+  const sent = bigCommit(gitAt(nodeDir, store.stateDir), nodeDir, 6 << 20);
+  const pushed = await access.run((options) => pushUpdates(store.repo(remote.url, traced(options)), [{ ref: "refs/heads/big", expected: "", next: sent }]));
+  assert.deepEqual(pushed, { outcome: "pushed" });
+  assert.equal(remote.git("rev-parse", "refs/heads/big"), sent);
+  remote.git("fsck", "--no-dangling", "--connectivity-only", "refs/heads/big");
+
+  const received = bigCommit(remote.git, remote.dir, 5 << 20);
+  remote.git("update-ref", "refs/heads/big-upstream", received);
+  assert.equal(await access.run((options) => fetchBranch(store.repo(remote.url, traced(options)), "big-upstream")), "fetched");
+  assert.equal(await revParse(store.repo(remote.url), upstreamRef("big-upstream")), received);
+  const port = new URL(remote.url).port;
+  const relayed = (await fs.readFile(trace, "utf8")).split("\n").filter((line) => line.includes(`run_command: ${TCP_RELAY} 127.0.0.1 ${port}`));
+  assert.equal(relayed.length, 2, "the push and the fetch each ran the relay");
+
+  const gone = `git://127.0.0.1:${await freePort()}/gone.git`;
+  await store.ensureRepo(gone);
+  await assert.rejects(
+    access.run((options) => fetchBranch(store.repo(gone, options), "main")),
+    /git-csi-tcp-relay: cannot connect to 127\.0\.0\.1:\d+: Connection refused/,
+  );
 });
