@@ -511,6 +511,9 @@ async function runPassthrough(config: Config, dir: string, baseEnv: Record<strin
 //   (b) by hand    in a plain clone: git add <that path>; git commit; git push.
 //   (c) full scan  the same clone: git add --all; git commit; git push; and
 //                  (c') git status --porcelain alone.
+//   (d) push alone the same clone, one file committed untimed: git push. The
+//                  remote's share of a push, which grows with the tree (its
+//                  connectivity check walks the parent's whole tree).
 // Every directory holds FILES_PER_DIR files in both trees, so the directory of
 // the changed file is the same size: only the tree around it grows. The trees
 // are written into a bare repository by git fast-import (not timed). The
@@ -521,7 +524,7 @@ async function runPassthrough(config: Config, dir: string, baseEnv: Record<strin
 const POLL_MS = 20;
 /** The first push after the stage records metadata for the whole tree: over a minute at 100,000 files here. */
 const FIRST_PUSH_TIMEOUT_MS = 15 * 60_000;
-const CHANGED_BY: Record<"driver" | "byHand" | "fullScan", number> = { driver: 100, byHand: 300, fullScan: 500 };
+const CHANGED_BY: Record<"driver" | "byHand" | "fullScan" | "pushAlone", number> = { driver: 100, byHand: 300, fullScan: 500, pushAlone: 700 };
 
 /** A fast-import stream: one commit of `dirs` directories of `per` files of `size` bytes, each file its own blob. */
 const TREE_PY = `
@@ -572,8 +575,8 @@ interface TreeResult {
   fileBytes: number;
   /** The warm-up: the driver's first change after the stage, write → remote ref moved. */
   driverFirstChangeMs: number;
-  samples: { driver: DriverSample[]; byHand: number[]; fullScan: number[]; status: number[] };
-  median: { driver: DriverSample; byHand: number; fullScan: number; status: number };
+  samples: TreeSamples;
+  median: { driver: DriverSample; byHand: number; fullScan: number; status: number; pushAlone: number };
   ratio: { driverMinusQuiesceOverByHand: number; fullScanOverByHand: number; statusOverByHand: number };
 }
 
@@ -583,7 +586,7 @@ interface CommitSection {
   ways: Record<string, string>;
   trees: TreeResult[];
   /** Large tree over small tree, median over median. */
-  growth: { driverTotal: number; driverMinusQuiesce: number; driverPending: number; driverCommitted: number; driverPush: number; byHand: number; fullScan: number; status: number };
+  growth: { driverTotal: number; driverMinusQuiesce: number; driverPending: number; driverCommitted: number; driverPush: number; byHand: number; fullScan: number; status: number; pushAlone: number };
 }
 
 const sleep = (ms: number) => new Promise<void>((r) => setTimeout(r, ms));
@@ -718,8 +721,8 @@ async function timed(script: string, ...args: string[]): Promise<{ ms: number; s
   return { ms: performance.now() - t, stdout };
 }
 
-/** (b), (c') and (c), in that order, in the plain clone. */
-async function byHandOnce(server: GitServer, tree: Tree, rep: number): Promise<{ byHand: number; status: number; fullScan: number }> {
+/** (b), (c'), (c) and (d), in that order, in the plain clone. */
+async function byHandOnce(server: GitServer, tree: Tree, rep: number): Promise<{ byHand: number; status: number; fullScan: number; pushAlone: number }> {
   const handFile = changedFile(tree, "byHand", rep);
   let before = await remoteHead(server, tree.handRepo);
   const byHand = await timed('cd "$1" && printf "%s\\n" "$3" >> "$2" && git add -- "$2" && git commit -q -m "$3" && git push -q', tree.clone, handFile, `by hand, run ${rep}`);
@@ -735,7 +738,14 @@ async function byHandOnce(server: GitServer, tree: Tree, rep: number): Promise<{
   const fullScan = await timed('cd "$1" && git add --all && git commit -q -m "$2" && git push -q', tree.clone, `full scan, run ${rep}`);
   const scanPaths = await lastCommitPaths(server, tree.handRepo, before);
   if (scanPaths.join() !== scanFile) throw new Error(`the full-scan commit changed ${scanPaths.join(", ")}, not ${scanFile}`);
-  return { byHand: byHand.ms, status: status.ms, fullScan: fullScan.ms };
+
+  const pushFile = changedFile(tree, "pushAlone", rep);
+  await gitSh('cd "$1" && printf "%s\\n" "$3" >> "$2" && git add -- "$2" && git commit -q -m "$3"', tree.clone, pushFile, `push alone, run ${rep}`);
+  before = await remoteHead(server, tree.handRepo);
+  const pushAlone = await timed('cd "$1" && git push -q', tree.clone);
+  const pushPaths = await lastCommitPaths(server, tree.handRepo, before);
+  if (pushPaths.join() !== pushFile) throw new Error(`the pushed commit changed ${pushPaths.join(", ")}, not ${pushFile}`);
+  return { byHand: byHand.ms, status: status.ms, fullScan: fullScan.ms, pushAlone: pushAlone.ms };
 }
 
 /** Median of the finite values (a part the driver's report lacked is NaN). */
@@ -744,11 +754,11 @@ function medianOf(values: number[]): number {
   return finite.length === 0 ? Number.NaN : median(finite);
 }
 
-type TreeSamples = { driver: DriverSample[]; byHand: number[]; fullScan: number[]; status: number[] };
+type TreeSamples = { driver: DriverSample[]; byHand: number[]; fullScan: number[]; status: number[]; pushAlone: number[] };
 
 /** The driver and git by hand on every tree, c.repetitions times. */
 async function sampleTrees(server: GitServer, driver: Driver, trees: Tree[], c: Config["commit"]): Promise<Map<Tree, TreeSamples>> {
-  const samples = new Map(trees.map((t): [Tree, TreeSamples] => [t, { driver: [], byHand: [], fullScan: [], status: [] }]));
+  const samples = new Map(trees.map((t): [Tree, TreeSamples] => [t, { driver: [], byHand: [], fullScan: [], status: [], pushAlone: [] }]));
   for (let rep = 1; rep <= c.repetitions; rep++) {
     // Trees and ways take turns within a repetition, so a drift of the machine touches all.
     for (const tree of trees) {
@@ -759,8 +769,9 @@ async function sampleTrees(server: GitServer, driver: Driver, trees: Tree[], c: 
       s.byHand.push(h.byHand);
       s.status.push(h.status);
       s.fullScan.push(h.fullScan);
+      s.pushAlone.push(h.pushAlone);
       log(
-        `  run ${rep}/${c.repetitions} ${tree.files.toLocaleString("en-US").padStart(7)} files: driver ${Math.round(d.totalMs)} ms (−quiesce ${Math.round(d.minusQuiesceMs)}: pending ${Math.round(d.pendingMs)}, committed ${Math.round(d.committedMs)}, push ${Math.round(d.pushMs)}), by hand ${Math.round(h.byHand)}, status ${Math.round(h.status)}, full scan ${Math.round(h.fullScan)}`,
+        `  run ${rep}/${c.repetitions} ${tree.files.toLocaleString("en-US").padStart(7)} files: driver ${Math.round(d.totalMs)} ms (−quiesce ${Math.round(d.minusQuiesceMs)}: pending ${Math.round(d.pendingMs)}, committed ${Math.round(d.committedMs)}, push ${Math.round(d.pushMs)}), by hand ${Math.round(h.byHand)}, status ${Math.round(h.status)}, full scan ${Math.round(h.fullScan)}, push alone ${Math.round(h.pushAlone)}`,
       );
     }
   }
@@ -773,6 +784,7 @@ function treeResult(tree: Tree, s: TreeSamples, driverFirstChangeMs: number): Tr
     byHand: medianOf(s.byHand),
     fullScan: medianOf(s.fullScan),
     status: medianOf(s.status),
+    pushAlone: medianOf(s.pushAlone),
   };
   return {
     files: tree.files,
@@ -797,6 +809,7 @@ function growthOf(small: TreeResult["median"], large: TreeResult["median"]): Com
     byHand: large.byHand / small.byHand,
     fullScan: large.fullScan / small.fullScan,
     status: large.status / small.status,
+    pushAlone: large.pushAlone / small.pushAlone,
   };
 }
 
@@ -838,6 +851,7 @@ async function runCommitCost(config: Config, dir: string, baseEnv: Record<string
         byHand: "a plain clone: append; git add <path>; git commit -q -m x; git push -q",
         status: "the same clone, one file appended: git status --porcelain",
         fullScan: "the same clone, that file appended: git add --all; git commit -q -m x; git push -q",
+        pushAlone: "the same clone, one file appended and committed untimed: git push -q",
       },
       trees: results,
       growth: growthOf(small, large),
@@ -889,9 +903,12 @@ function commitMarkdown(section: CommitSection): string {
     timeRow("(b) by hand: git add PATH; git commit; git push", (t) => t.median.byHand, growth.byHand),
     timeRow("(c) full scan: git add --all; git commit; git push", (t) => t.median.fullScan, growth.fullScan),
     timeRow("(c') git status --porcelain alone", (t) => t.median.status, growth.status),
+    timeRow("(d) git push alone, of one commit", (t) => t.median.pushAlone, growth.pushAlone),
     row("(a) minus the quiesce / (b)", ratio(small.ratio.driverMinusQuiesceOverByHand), ratio(large.ratio.driverMinusQuiesceOverByHand), ""),
     row("(c) / (b)", ratio(small.ratio.fullScanOverByHand), ratio(large.ratio.fullScanOverByHand), ""),
     row("(c') / (b)", ratio(small.ratio.statusOverByHand), ratio(large.ratio.statusOverByHand), ""),
+    "",
+    `From ${files(small.files)} to ${files(large.files)} files, (a) minus the quiesce grows by ${ms(large.median.driver.minusQuiesceMs - small.median.driver.minusQuiesceMs)} ms and (d), git's push by hand, by ${ms(large.median.pushAlone - small.median.pushAlone)} ms: what grows is the remote's connectivity check of a push, which walks the parent commit's whole tree.`,
     "",
     `The "…" rows come from the driver's own report and log, so they need not add up to the row above them. The driver's first change after the stage (the warm-up, one sample; its push records modes and owners of the whole tree on refs/git-csi/metadata once): ${ms(small.driverFirstChangeMs - config.quiesceMs)} ms and ${ms(large.driverFirstChangeMs - config.quiesceMs)} ms minus the quiesce.`,
     "",
