@@ -2,10 +2,10 @@ import * as fs from "node:fs/promises";
 import * as path from "node:path";
 import watcher from "@parcel/watcher";
 import { formatDuration, orAbsent, parseClassParameters, Reason } from "@git-csi/config";
-import { failedPrecondition, type gitcsi, type gitWorker } from "@git-csi/protos";
+import type { gitcsi, gitWorker } from "@git-csi/protos";
 import { VolumeCommitter } from "./commit";
-import { fingerprint } from "./credential";
 import type { MountLease } from "./lease";
+import { VolumeCredential } from "./publish-credential";
 import { VolumePush } from "./push";
 import { POD_STOPPED, type SyncOutcome } from "./push-decisions";
 import type { RenewalMember } from "./renewal";
@@ -32,8 +32,7 @@ export class VolumeSync {
   private readonly pusher: VolumePush;
   private subscription?: watcher.AsyncSubscription;
   private readonly batches = new WatchBatches();
-  private publishFingerprint = "";
-  private published: boolean;
+  private readonly credential: VolumeCredential;
   private chain: Promise<unknown> = Promise.resolve();
   private stopped = false;
   private cancelLeaseWatch?: () => void;
@@ -41,13 +40,13 @@ export class VolumeSync {
   constructor(private readonly ctx: SyncContext) {
     const s = new VolumeState(ctx);
     this.s = s;
-    this.published = ctx.published;
     this.reporter = new VolumeReporter(s);
     const hasWork = () => s.pending.size > 0 || s.changed.size > 0 || s.unpushed > 0;
     this.scheduler = new SyncScheduler(systemClock, hasWork, (trigger) => void this.sync(trigger).catch((err: unknown) => this.reporter.fail("sync", err)));
     this.upstream = new VolumeUpstream(s, this.reporter, this.scheduler);
     this.committer = new VolumeCommitter(s, this.reporter, this.scheduler, () => this.upstream.refreshUnpushed());
     this.pusher = new VolumePush(s, this.reporter, this.scheduler, this.upstream);
+    this.credential = new VolumeCredential(s, this.reporter, (trigger) => this.sync(trigger));
   }
 
   /** The claim bound to the volume, learned from the API after the stage: the metrics move to its labels. */
@@ -111,7 +110,7 @@ export class VolumeSync {
    */
   async start(classToApply: gitcsi.VolumeClass | undefined, fetched: PreparedTree["fetched"], reused: boolean): Promise<void> {
     this.applyClass(classToApply);
-    this.warnIfHostKeyUnverified();
+    this.credential.warnIfHostKeyUnverified();
     await this.committer.writeExcludes();
     await this.enqueue(() => this.ctx.onRepository(() => (reused ? this.upstream.reconcileAtStage(fetched) : this.upstream.replayMetadata())));
     await this.catchUpOnWrites();
@@ -264,59 +263,9 @@ export class VolumeSync {
 
   // ---- the credential -------------------------------------------------
 
-  /**
-   * A publish's Secret. The kubelet reads the Secret again for each publish,
-   * so a new one is a rotation and pushes what the remote lacks at once; but
-   * at the first publish after the stage, a Secret other than the stage's
-   * means two credentials for one volume, and the publish is refused.
-   */
-  async setCredential(data: Record<string, string>): Promise<void> {
-    const offered = fingerprint(data);
-    // Until a publish passes, every publish is the first: the kubelet's retry of a refused one is refused too.
-    if (!this.published && this.ctx.stageFingerprint !== "" && offered !== "" && offered !== this.ctx.stageFingerprint) {
-      this.reporter.emit(
-        Reason.Refused,
-        "Warning",
-        "the publish Secret differs from the stage Secret: the driver cannot choose between two credentials for one volume; name one Secret in both nodeStageSecretRef and nodePublishSecretRef",
-      );
-      throw failedPrecondition(`volume ${this.ctx.volumeId}: the publish Secret differs from the stage Secret; name one Secret in both nodeStageSecretRef and nodePublishSecretRef`);
-    }
-    this.published = true;
-    if (offered === "") {
-      if (this.ctx.stageFingerprint !== "" || this.ctx.credentialExpected) {
-        this.reporter.emit(
-          Reason.NoPublishSecret,
-          "Warning",
-          "the PersistentVolume has a nodeStageSecretRef but no nodePublishSecretRef: after a driver restart the volume pushes nothing until the pod is deleted and started again. Give the volume a new PersistentVolume with both references, before the next driver upgrade",
-        );
-      }
-      return;
-    }
-    if (offered === this.publishFingerprint || (this.publishFingerprint === "" && offered === this.ctx.stageFingerprint && this.s.access.hasCredential)) {
-      this.publishFingerprint = offered;
-      return;
-    }
-    const next = await this.ctx.openAccess(data);
-    const previous = this.s.access;
-    this.s.access = next;
-    this.publishFingerprint = offered;
-    previous.close();
-    this.warnIfHostKeyUnverified();
-    this.s.log("info", "a publish brought a new credential; pushing what the remote lacks now", "credential");
-    // A restarted worker claims the epoch's lease with the first Secret it gets.
-    if (!this.s.lease.claimed) await this.s.lease.claim((operation) => this.s.remote(operation));
-    if (this.s.policy) await this.sync("a new credential");
-    else this.reporter.publishMetrics();
-  }
-
-  private warnIfHostKeyUnverified(): void {
-    if (!this.s.access.hostKeyVerified) {
-      this.reporter.emit(
-        Reason.HostKeyUnverified,
-        "Warning",
-        "the volume's ssh Secret has no known_hosts: the server's host key was trusted on first sight; add known_hosts to the Secret to check it",
-      );
-    }
+  /** A publish's Secret: see VolumeCredential. */
+  setCredential(data: Record<string, string>): Promise<void> {
+    return this.credential.set(data);
   }
 
   // ---- the report -----------------------------------------------------
