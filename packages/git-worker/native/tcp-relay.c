@@ -21,18 +21,35 @@
 
 static const char *host, *port;
 
-static int fail(const char *what, int err) {
-  fprintf(stderr, "git-csi-tcp-relay: %s %s:%s: %s\n", what, host, port, strerror(err));
-  return 1;
+/*
+ * Ends the relay the way git's own connection would end: git reads the end
+ * of its answer and exits on its own. Exiting at once could let git's next
+ * write find the pipe closed, and SIGPIPE would end git without an exit
+ * code; so what git still writes is read, to its end, and dropped.
+ */
+static int end(int code) {
+  static char sink[4096];
+  close(STDOUT_FILENO);
+  for (;;) {
+    ssize_t n = read(STDIN_FILENO, sink, sizeof sink);
+    if (n > 0 || (n < 0 && errno == EINTR)) continue;
+    return code;
+  }
 }
 
-/* The first address of HOST that accepts a connection, with Nagle off; -1 with errno set. */
-static int dial(void) {
+static int fail(const char *what, const char *why) {
+  fprintf(stderr, "git-csi-tcp-relay: %s %s:%s: %s\n", what, host, port, why);
+  return end(1);
+}
+
+/* The first address of HOST that accepts a connection, with Nagle off; -1 with the failure in *what and *why. */
+static int dial(const char **what, const char **why) {
   struct addrinfo hints = {.ai_socktype = SOCK_STREAM}, *found, *ai;
   int rc = getaddrinfo(host, port, &hints, &found);
   if (rc != 0) {
-    fprintf(stderr, "git-csi-tcp-relay: cannot resolve %s:%s: %s\n", host, port, gai_strerror(rc));
-    return -2;
+    *what = "cannot resolve";
+    *why = rc == EAI_SYSTEM ? strerror(errno) : gai_strerror(rc);
+    return -1;
   }
   int fd = -1, err = ECONNREFUSED, one = 1;
   for (ai = found; ai != NULL && fd < 0; ai = ai->ai_next) {
@@ -51,7 +68,8 @@ static int dial(void) {
     close(fd);
     fd = -1;
   }
-  errno = err;
+  *what = "cannot connect to";
+  *why = strerror(err);
   return fd;
 }
 
@@ -77,15 +95,16 @@ static int pass(int from, int to, char *buf, size_t size) {
 
 static int relay(int sock) {
   static char buf[65536];
-  struct pollfd fds[2] = {{.fd = STDIN_FILENO, .events = POLLIN}, {.fd = sock, .events = POLLIN}};
+  /* stdout is polled for nothing but its error: git gone (killed on a timeout) ends the relay, even while the server says nothing. */
+  struct pollfd fds[3] = {{.fd = STDIN_FILENO, .events = POLLIN}, {.fd = sock, .events = POLLIN}, {.fd = STDOUT_FILENO, .events = 0}};
   for (;;) {
-    if (poll(fds, 2, -1) < 0) {
+    if (poll(fds, 3, -1) < 0) {
       if (errno == EINTR) continue;
-      return fail("poll failed for", errno);
+      return fail("poll failed for", strerror(errno));
     }
     if (fds[0].revents != 0) {
       int open = pass(STDIN_FILENO, sock, buf, sizeof buf);
-      if (open < 0) return fail("relaying to", errno);
+      if (open < 0) return fail("relaying to", strerror(errno));
       /* git sent all it will: the server sees the end, and its answer still comes back. */
       if (open == 0) {
         shutdown(sock, SHUT_WR);
@@ -96,9 +115,10 @@ static int relay(int sock) {
       int open = pass(sock, STDOUT_FILENO, buf, sizeof buf);
       /* git stopped reading: it has what it wanted. */
       if (open < 0 && errno == EPIPE) return 0;
-      if (open < 0) return fail("relaying from", errno);
-      if (open == 0) return 0;
+      if (open < 0) return fail("relaying from", strerror(errno));
+      if (open == 0) return fds[0].fd < 0 ? 0 : end(0);
     }
+    if (fds[2].revents & (POLLERR | POLLHUP)) return 0;
   }
 }
 
@@ -110,8 +130,8 @@ int main(int argc, char **argv) {
   host = argv[1];
   port = argv[2];
   signal(SIGPIPE, SIG_IGN);
-  int sock = dial();
-  if (sock == -2) return 1;
-  if (sock < 0) return fail("cannot connect to", errno);
+  const char *what, *why;
+  int sock = dial(&what, &why);
+  if (sock < 0) return fail(what, why);
   return relay(sock);
 }

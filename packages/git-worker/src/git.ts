@@ -120,11 +120,22 @@ function cleanEnv(env: Record<string, string>): Record<string, string> {
   return { PATH: process.env.PATH ?? "/usr/bin:/bin", HOME: process.env.HOME ?? "/", GIT_TERMINAL_PROMPT: "0", ...env };
 }
 
+/**
+ * simple-git answers a git that a signal ended (no exit code) as a success
+ * with whatever it printed: a push killed by SIGPIPE or the OOM killer would
+ * read as landed. Such a git failed.
+ */
+function endedBySignal(error: Buffer | Error | undefined, result: { exitCode: number | null; stdErr: Buffer[] }): Buffer | Error | undefined {
+  if (error !== undefined || result.exitCode !== null) return error;
+  const stderr = Buffer.concat(result.stdErr).toString("utf8").trim();
+  return Buffer.from(`git was ended by a signal before it exited${stderr === "" ? "" : `: ${stderr}`}`);
+}
+
 /** git run in an existing directory, with a clean environment. */
 export function gitIn(cwd: string, env: Record<string, string>, config: string[] = []): SimpleGit {
   // The credential helper, ssh command and protocol settings are always the worker's own, never input.
   const unsafe = { allowUnsafeCredentialHelper: true, allowUnsafeSshCommand: true, allowUnsafeProtocolOverride: true, allowUnsafeGitProxy: true };
-  return simpleGit({ baseDir: cwd, trimmed: false, config: [...WORKER_CONFIG, ...config], unsafe }).env(cleanEnv(env));
+  return simpleGit({ baseDir: cwd, trimmed: false, config: [...WORKER_CONFIG, ...config], unsafe, errors: endedBySignal }).env(cleanEnv(env));
 }
 
 /** Where and how a git process runs, for the commands simple-git cannot run (see converse). */

@@ -57,6 +57,19 @@ export async function freePort(): Promise<number> {
   return port;
 }
 
+/** A TCP server that accepts and never says a word, as a hung remote; its port, and a promise of its first connection. */
+export async function silentServer(t: TestContext): Promise<{ port: number; connected: Promise<void> }> {
+  const sockets: net.Socket[] = [];
+  const server = net.createServer((socket) => sockets.push(socket));
+  const connected = new Promise<void>((resolve) => server.once("connection", () => resolve()));
+  await new Promise<void>((resolve) => server.listen(0, "127.0.0.1", resolve));
+  t.after(() => {
+    for (const socket of sockets) socket.destroy();
+    server.close();
+  });
+  return { port: (server.address() as net.AddressInfo).port, connected };
+}
+
 export interface ServedRemote {
   /** The bare repository on disk. */
   dir: string;

@@ -1,5 +1,5 @@
 import assert from "node:assert/strict";
-import { execFileSync } from "node:child_process";
+import { execFileSync, spawn } from "node:child_process";
 import * as fsSync from "node:fs";
 import * as fs from "node:fs/promises";
 import * as path from "node:path";
@@ -9,15 +9,16 @@ import { RemoteAccess } from "../src/access";
 import { CredentialBroker } from "../src/broker";
 import { collectGarbage, rememberSource } from "../src/gc";
 import { writeRecords } from "../src/lease";
-import { TCP_RELAY } from "../src/git";
+import { GitCommandError, gitIn, runGit, TCP_RELAY } from "../src/git";
 import { fetchBranch, pushUpdates } from "../src/remote";
 import { prepareTree } from "../src/stage";
 import { exists, Store, upstreamRef } from "../src/store";
 import type { RemoteOptions } from "../src/access";
 import { revParse } from "../src/tree";
-import { freePort, gitAt, type ServedRemote, servedRemote, tempDir } from "./remote";
+import { freePort, gitAt, type ServedRemote, servedRemote, silentServer, tempDir } from "./remote";
 
 const VOLUME = "pvc-transports";
+const sleep = (ms: number) => new Promise<void>((r) => setTimeout(r, ms));
 
 interface StagedNode {
   store: Store;
@@ -143,4 +144,43 @@ test("git:// goes through the worker's relay, which carries megabytes both ways 
     access.run((options) => fetchBranch(store.repo(gone, options), "main")),
     /git-csi-tcp-relay: cannot connect to 127\.0\.0\.1:\d+: Connection refused/,
   );
+});
+
+test("the relay ends once the git it serves is gone, though the server says nothing", async (t) => {
+  const { port, connected } = await silentServer(t);
+  const relay = spawn(TCP_RELAY, ["127.0.0.1", String(port)], { stdio: ["pipe", "pipe", "inherit"] });
+  const exited = new Promise<number | null>((resolve) => relay.once("exit", resolve));
+  await connected;
+  // git killed on a timeout: the end of the pipe it read from closes; it may never have closed its own writing end.
+  relay.stdout.destroy();
+  const code = await Promise.race([exited, sleep(10_000).then(() => "still running after 10 s")]);
+  if (code === "still running after 10 s") relay.kill();
+  assert.equal(code, 0);
+});
+
+/** A process's argv; none for one that ended meanwhile. */
+function commandLine(pid: string): string[] {
+  try {
+    return fsSync.readFileSync(`/proc/${pid}/cmdline`, "utf8").split("\0");
+  } catch {
+    return [];
+  }
+}
+
+test("a git that a signal ended is a failure, never an empty answer", async (t) => {
+  const { port, connected } = await silentServer(t);
+  const url = `git://127.0.0.1:${port}/signalled-${process.pid}.git`;
+  const dir = await tempDir(t, "signalled");
+  // A hung remote: ls-remote waits for an answer until the test kills it, as the OOM killer or a SIGPIPE would.
+  const answer = runGit(gitIn(dir, {}), ["ls-remote", url]).then(
+    (output) => `answered ${JSON.stringify(output)}`,
+    (err: Error) => err,
+  );
+  await connected;
+  const git = (await fs.readdir("/proc")).find((pid) => /^\d+$/.test(pid) && commandLine(pid).includes(url));
+  assert.ok(git, "the ls-remote's git runs");
+  process.kill(Number(git), "SIGKILL");
+  const failed = await answer;
+  assert.ok(failed instanceof GitCommandError, `the killed git ${String(failed)}`);
+  assert.match(failed.message, /ended by a signal/);
 });
