@@ -890,7 +890,7 @@ function commitMarkdown(section: CommitSection): string {
     "## 2. Commit cost: one changed file in a small and a large tree",
     "",
     `Medians of ${config.repetitions} runs after one untimed warm-up${config.quick ? " (--quick)" : ""}, page cache warm; milliseconds, lower is better.`,
-    `Directories of ${files(config.filesPerDirectory)} files of ${config.fileBytes} bytes: ${small.directories} and ${large.directories} of them; every run appends a line to one tracked file of the middle directory. The volume's class: push.quiesce ${q}, push.maxLatency ${config.maxLatency}. Pushes go over git:// to a git daemon on this machine.`,
+    `Directories of ${files(config.filesPerDirectory)} files of ${config.fileBytes} bytes: ${small.directories} and ${large.directories} of them; every run appends a line to one tracked file of the middle directory. The volume's class: push.quiesce ${q}, push.maxLatency ${config.maxLatency}. Pushes go over git:// to a git daemon on this machine: the driver's through its relay with Nagle off (core.gitProxy), by hand over git's own connection.`,
     `${String(env.cpus)} CPUs, kernel ${String(env.kernel)}, ${String(env.git)}; commit ${String(env.commit).slice(0, 12)}${env.dirty ? " (dirty)" : ""}; ${String(env.date)}.`,
     "",
     `| | ${files(small.files)} files | ${files(large.files)} files | ${files(large.files)} / ${files(small.files)} |`,
