@@ -183,6 +183,8 @@ describe("a mount owner restart keeps the mounts", () => {
 
   test("a descriptor keeper that restarted is told every connection again: a mount owner killed after it keeps the mount", async () => {
     const published = await armedVolume("rekept");
+    // A mount owner just started: the keeper restarts before its first look at the keeper's socket.
+    await restartOwner("SIGKILL", 1);
     const keeper = await driver.pid("fd-keeper");
     process.kill(keeper, "SIGKILL");
     await waitFor("a new keeper", async () => (await driver.pid("fd-keeper")) !== keeper, T);

@@ -76,7 +76,13 @@ export class Handover {
    * checked. Until then a request on it waits in the kernel; none fails.
    */
   resumeAll(owner: MountOwner): void {
-    for (const connection of this.take()) void this.resumeOne(owner, connection);
+    // Looked at before the take: a keeper that restarts in between is another one, told everything at the next interval.
+    const keeper = this.currentKeeper();
+    const connections = this.take();
+    if (connections === undefined) return;
+    // The keeper that answered still holds every connection it gave: it is told again only once it restarts, and that is logged.
+    this.toldKeeper = keeper;
+    for (const connection of connections) void this.resumeOne(owner, connection);
   }
 
   /**
@@ -160,14 +166,16 @@ export class Handover {
     return this.keeperAnswers;
   }
 
-  private take(): KeptConnection[] {
+  /** What the keeper holds; undefined when it does not answer, and every connection is told again at the next interval. */
+  private take(): KeptConnection[] | undefined {
     try {
       const taken = takeKept(this.deps.keeperSocket);
       this.deps.logger.info(`the keeper holds ${taken.length} FUSE connection(s)`, { operation: "fuse_resume", keeper: this.deps.keeperSocket });
       return taken;
     } catch (err) {
       this.deps.logger.warn(`no FUSE connection to resume: the descriptor keeper does not answer: ${(err as Error).message}`, { operation: "fuse_resume", keeper: this.deps.keeperSocket });
-      return [];
+      this.keeperAnswers = false;
+      return undefined;
     }
   }
 
