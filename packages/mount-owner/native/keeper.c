@@ -151,6 +151,35 @@ static int listen_on(const char *path)
 	return sock;
 }
 
+/*
+ * In its container the keeper is process 1, and the kernel ignores a signal
+ * process 1 has no handler for: without one, SIGTERM was ignored and every
+ * replacement of the node plugin waited out the grace period (60 s) with no
+ * git worker renewing the leases. Leaving at once is safe: the mount owner
+ * holds its own copy of every connection.
+ */
+static volatile sig_atomic_t stopping;
+
+static void stop(int sig)
+{
+	(void)sig;
+	stopping = 1;
+}
+
+/* SIGTERM and SIGINT are blocked but while the keeper waits: one never slips in between its check and the wait. */
+static void handle_stop_signals(sigset_t *while_waiting)
+{
+	struct sigaction action = { .sa_handler = stop };
+	sigemptyset(&action.sa_mask);
+	sigaction(SIGTERM, &action, NULL);
+	sigaction(SIGINT, &action, NULL);
+	sigset_t blocked;
+	sigemptyset(&blocked);
+	sigaddset(&blocked, SIGTERM);
+	sigaddset(&blocked, SIGINT);
+	sigprocmask(SIG_BLOCK, &blocked, while_waiting);
+}
+
 int main(int argc, char **argv)
 {
 	if (argc != 2) {
@@ -161,6 +190,8 @@ int main(int argc, char **argv)
 	if (sock == -1)
 		return 1;
 	signal(SIGPIPE, SIG_IGN);
+	sigset_t while_waiting;
+	handle_stop_signals(&while_waiting);
 	say("info", "listening", "socket", argv[1]);
 	for (;;) {
 		struct pollfd *fds = calloc(count + 1, sizeof(*fds));
@@ -170,8 +201,12 @@ int main(int argc, char **argv)
 		for (size_t i = 0; i < count; i++)
 			fds[i + 1] = (struct pollfd){ .fd = held[i].fd }; /* errors only: the keeper never reads */
 		size_t polled = count;
-		if (poll(fds, polled + 1, -1) == -1 && errno != EINTR)
+		if (ppoll(fds, polled + 1, NULL, &while_waiting) == -1 && errno != EINTR)
 			return 1;
+		if (stopping) {
+			say("info", "stopping: the mount owner's copies keep every mount", NULL, NULL);
+			return 0;
+		}
 		for (size_t i = polled; i > 0; i--)
 			if (fds[i].revents & (POLLERR | POLLHUP | POLLNVAL))
 				drop(i - 1, "the FUSE connection ended; letting it go");

@@ -615,6 +615,27 @@ describe("a graceful stop", () => {
   });
 });
 
+test("the descriptor keeper leaves on SIGTERM as process 1 of its namespace, as in its container", { timeout: 30_000 }, async () => {
+  const volume = tempVolume();
+  try {
+    const keeperSocket = join(volume.dir, "keeper.sock");
+    // A new pid namespace makes the keeper its process 1, which the kernel spares every signal it has no handler for.
+    const ns = spawn("unshare", ["--pid", "--fork", "--kill-child", join(__dirname, "../native/gitcsi-fd-keeper"), keeperSocket], { stdio: ["ignore", "ignore", "pipe"] });
+    let said = "";
+    ns.stderr.on("data", (chunk: Buffer) => (said += chunk.toString()));
+    const exited = new Promise<number | null>((resolve) => ns.once("exit", resolve));
+    await eventually(() => fs.existsSync(keeperSocket), "the keeper listens");
+    const keeper = Number(fs.readFileSync(`/proc/${ns.pid}/task/${ns.pid}/children`, "utf8").trim());
+    process.kill(keeper, "SIGTERM");
+    const code = await Promise.race([exited, new Promise<string>((r) => setTimeout(() => r("still running 10 s after SIGTERM"), 10_000))]);
+    if (typeof code === "string") ns.kill("SIGKILL");
+    assert.equal(code, 0, said);
+    assert.match(said, /stopping: the mount owner's copies keep every mount/);
+  } finally {
+    await removeVolume(volume);
+  }
+});
+
 describe("a connection kept across a restart of its server", () => {
   const volume = tempVolume();
   const keeperSocket = join(volume.dir, "keeper.sock");
