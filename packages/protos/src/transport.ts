@@ -45,8 +45,14 @@ function volumeOf(request: unknown): string | undefined {
   return typeof id === "string" && id !== "" ? id : undefined;
 }
 
-/** Channelz keeps per-call statistics nobody reads here: at hundreds of volumes it was a tenth of an idle node's gRPC cost. */
-const LOCAL_OPTIONS = { "grpc.enable_channelz": 0 };
+/**
+ * Channelz keeps per-call statistics nobody reads here: at hundreds of
+ * volumes it was a tenth of an idle node's gRPC cost. A peer on a local
+ * socket that restarted is dialled again within a second: gRPC's default
+ * backoff grows to two minutes, and a mount owner that waited that long for
+ * a replaced git worker let the leases run out.
+ */
+const LOCAL_OPTIONS = { "grpc.enable_channelz": 0, "grpc.initial_reconnect_backoff_ms": 200, "grpc.max_reconnect_backoff_ms": 1000 };
 
 export interface Service {
   definition: ServiceDefinition;
