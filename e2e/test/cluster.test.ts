@@ -71,7 +71,9 @@ before(
 after(async () => {
   await cluster?.stop();
   await git?.stop();
-  if (dir) await fs.rm(dir, { recursive: true, force: true });
+  // GIT_CSI_KEEP_CLUSTER=1 keeps the nodes' directories (kubelet, containerd and pod logs) for a failure's post-mortem.
+  if (dir && process.env.GIT_CSI_KEEP_CLUSTER === "1") console.log(`kept ${dir}`);
+  else if (dir) await fs.rm(dir, { recursive: true, force: true });
 });
 
 const kubectl = (...args: string[]) => cluster!.kubectl(args);
