@@ -187,6 +187,23 @@ for (const transport of TRANSPORTS)
       assert.equal(await remoteFile(server, repo, "main", "at-stop.txt"), "stop");
     });
 
+    // The watcher sends the first event of a burst at once and holds the rest
+    // until 50 ms pass without one: a pod stopped in that time would leave its
+    // last writes out of the flush's commit, and off the remote.
+    test("a pod stopped right after a burst of writes: the flush pushes every one, even those the watcher has not told of yet", async (t) => {
+      const { repo, volume } = await volumeOn();
+      await setVolumeClass(driver, volume.volumeId, { "push.quiesce": "1h", "push.maxLatency": "2h" });
+      const worker = dialUnix(gitWorker.GitWorkerClient, `unix://${path.join(driver.stateDir, "sockets", "git-worker.sock")}`);
+      t.after(() => worker.close());
+      await sh(`cd '${volume.targetPath}' && for i in $(seq 1 40); do echo "line $i" > burst-$i.txt; done`);
+      // What the mount owner asks at an unpublish, at once: the watcher still holds the burst's last events.
+      await call(worker.flushVolume.bind(worker), { volumeId: volume.volumeId }, 30_000);
+      const missing: string[] = [];
+      for (let i = 1; i <= 40; i++) if ((await remoteFile(server, repo, "main", `burst-${i}.txt`)) !== `line ${i}`) missing.push(`burst-${i}.txt`);
+      assert.deepEqual(missing, [], "written before the flush, missing on the remote after it");
+      await unpublishAndUnstage(driver, volume);
+    });
+
     // The mount's writeback cache keeps a write in the kernel until a close or
     // an fsync; the kernel's own writeback comes 30 s later. The mount owner's
     // flusher sends it to the backing tree within a second, so the quiesce

@@ -246,8 +246,14 @@ export class VolumeSync {
     this.scheduler.wrote(at);
   }
 
-  /** The pod stopped: commit and push now, whatever the timers say. */
+  /**
+   * The pod stopped: commit and push now, whatever the timers say. The
+   * watcher holds a burst's later events up to 50 ms (500 ms while writes go
+   * on), and the pod's last writes may not have come through it yet: the
+   * flush asks git about the whole tree, once per stop.
+   */
   flush(): Promise<SyncOutcome> {
+    this.s.fullScan = true;
     return this.sync(POD_STOPPED);
   }
 
