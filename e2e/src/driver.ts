@@ -6,7 +6,7 @@ import * as os from "node:os";
 import * as path from "node:path";
 import { promisify } from "node:util";
 import * as net from "node:net";
-import { call, csi, dialUnix, type gitWorker, mountOwner } from "@git-csi/protos";
+import { call, csi, dialUnix, gitWorker, mountOwner } from "@git-csi/protos";
 
 export const run = promisify(execFile);
 
@@ -257,6 +257,11 @@ export async function modifyVolume(driver: Driver, volumeId: string, parameters:
 /** What the Kubernetes watch does when a claim's class changes; undefined removes it. */
 export async function setVolumeClass(driver: Driver, volumeId: string, parameters: Record<string, string> | undefined, name = "e2e"): Promise<void> {
   await call(driver.owner.setVolumeClass.bind(driver.owner), { volumeId, class: parameters ? { name, parameters } : undefined }, T);
+}
+
+/** A client of the driver's git worker on its own socket, as the mount owner reaches it; the caller closes it. */
+export function dialWorker(driver: Driver): InstanceType<typeof gitWorker.GitWorkerClient> {
+  return dialUnix(gitWorker.GitWorkerClient, `unix://${path.join(driver.stateDir, "sockets", "git-worker.sock")}`);
 }
 
 export async function report(driver: Driver, volumeId: string): Promise<gitWorker.VolumeReport> {

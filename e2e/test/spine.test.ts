@@ -4,8 +4,8 @@ import * as fs from "node:fs/promises";
 import * as path from "node:path";
 import { after, before, describe, test } from "node:test";
 import { status } from "@grpc/grpc-js";
-import { call, csi, CsiError, dialUnix, gitcsi, gitWorker } from "@git-csi/protos";
-import { createVolume, type Driver, mountCapability, mountsUnder, sh, SINGLE_NODE_WRITER, stageAndPublish, startDriver, unpublishAndUnstage } from "../src/driver";
+import { call, csi, CsiError, gitcsi, gitWorker } from "@git-csi/protos";
+import { createVolume, dialWorker, type Driver, mountCapability, mountsUnder, sh, SINGLE_NODE_WRITER, stageAndPublish, startDriver, unpublishAndUnstage } from "../src/driver";
 import { type GitServer, startGitDaemon } from "../src/git-server";
 
 const T = 60_000;
@@ -428,7 +428,7 @@ describe("the spine: three services, the CSI surface, a real FUSE mount", () => 
   });
 
   test("the git worker's own socket refuses a local URL or a ref that is no branch before it writes anything", async (t) => {
-    const worker = dialUnix(gitWorker.GitWorkerClient, `unix://${path.join(driver.stateDir, "sockets", "git-worker.sock")}`);
+    const worker = dialWorker(driver);
     t.after(() => worker.close());
     const before = await snapshot(driver.stateDir);
     const prepare = (source: gitcsi.VolumeSource) => call(worker.prepareTree.bind(worker), gitWorker.PrepareTreeRequest.fromPartial({ volumeId: "worker-direct", source }), T);
@@ -439,7 +439,7 @@ describe("the spine: three services, the CSI surface, a real FUSE mount", () => 
   });
 
   test("the git worker's steps are spec 000's: PrepareTree claims nothing, ClaimMount claims, ReleaseMount releases", async (t) => {
-    const worker = dialUnix(gitWorker.GitWorkerClient, `unix://${path.join(driver.stateDir, "sockets", "git-worker.sock")}`);
+    const worker = dialWorker(driver);
     t.after(() => worker.close());
     const volumeId = "worker-steps";
     const ownerRef = `refs/git-csi/owner/${volumeId}`;

@@ -5,6 +5,7 @@ import { after, before, describe, test } from "node:test";
 import {
   createVolume,
   type Driver,
+  dialWorker,
   freePort,
   metricsText,
   metricValue,
@@ -19,7 +20,7 @@ import {
   unpublishAndUnstage,
   waitFor,
 } from "../src/driver";
-import { call, dialUnix, gitWorker } from "@git-csi/protos";
+import { call } from "@git-csi/protos";
 import { type BareRepoOps, logPushes, refusePushes, runGit, startGitDaemon } from "../src/git-server";
 import { startHttpGitServer } from "../src/http-server";
 import { startSshGitServer } from "../src/ssh-server";
@@ -193,7 +194,7 @@ for (const transport of TRANSPORTS)
     test("a pod stopped right after a burst of writes: the flush pushes every one, even those the watcher has not told of yet", async (t) => {
       const { repo, volume } = await volumeOn();
       await setVolumeClass(driver, volume.volumeId, { "push.quiesce": "1h", "push.maxLatency": "2h" });
-      const worker = dialUnix(gitWorker.GitWorkerClient, `unix://${path.join(driver.stateDir, "sockets", "git-worker.sock")}`);
+      const worker = dialWorker(driver);
       t.after(() => worker.close());
       await sh(`cd '${volume.targetPath}' && for i in $(seq 1 40); do echo "line $i" > burst-$i.txt; done`);
       // What the mount owner asks at an unpublish, at once: the watcher still holds the burst's last events.
@@ -231,7 +232,7 @@ for (const transport of TRANSPORTS)
     test("a write still in the kernel's cache when a rebase would move the tree is kept: the volume moves to its side branch", async (t) => {
       const { repo, volume } = await volumeOn({ "state.txt": "base\n" });
       await setVolumeClass(driver, volume.volumeId, FAST);
-      const worker = dialUnix(gitWorker.GitWorkerClient, `unix://${path.join(driver.stateDir, "sockets", "git-worker.sock")}`);
+      const worker = dialWorker(driver);
       t.after(() => worker.close());
       await server.commitFiles(repo, { "state.txt": "upstream\n" });
       // Overwritten in place at its own length: nothing reaches the tree before a flush.

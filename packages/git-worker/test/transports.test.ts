@@ -3,6 +3,7 @@ import { execFileSync, spawn } from "node:child_process";
 import * as fsSync from "node:fs";
 import * as fs from "node:fs/promises";
 import * as path from "node:path";
+import { setTimeout as sleep } from "node:timers/promises";
 import { test, type TestContext } from "node:test";
 import { createLogger } from "@git-csi/logging";
 import { RemoteAccess } from "../src/access";
@@ -18,7 +19,6 @@ import { revParse } from "../src/tree";
 import { freePort, gitAt, type ServedRemote, servedRemote, silentServer, tempDir } from "./remote";
 
 const VOLUME = "pvc-transports";
-const sleep = (ms: number) => new Promise<void>((r) => setTimeout(r, ms));
 
 interface StagedNode {
   store: Store;

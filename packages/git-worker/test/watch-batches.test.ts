@@ -1,12 +1,11 @@
 import assert from "node:assert/strict";
 import * as fs from "node:fs/promises";
 import * as path from "node:path";
+import { setTimeout as sleep } from "node:timers/promises";
 import { test } from "node:test";
 import watcher from "@parcel/watcher";
 import { WatchBatches } from "../src/watch-batches";
 import { tempDir } from "./remote";
-
-const sleep = (ms: number) => new Promise<void>((r) => setTimeout(r, ms));
 
 test("a batch held by the watcher counts from MIN_WAIT before it came; one after a long quiet from when it came", () => {
   const batches = new WatchBatches();

@@ -2,12 +2,11 @@ import assert from "node:assert/strict";
 import * as fs from "node:fs/promises";
 import * as os from "node:os";
 import * as path from "node:path";
+import { setTimeout as sleep } from "node:timers/promises";
 import { test } from "node:test";
 import type { Server } from "@grpc/grpc-js";
 import { csi } from "../src";
 import { call, dialUnix, serveUnix, stopServer } from "../src/transport";
-
-const sleep = (ms: number) => new Promise<void>((r) => setTimeout(r, ms));
 
 /** An Identity service on the socket that answers every Probe ready. */
 function serveIdentity(endpoint: string): Promise<Server> {
