@@ -1,7 +1,7 @@
 #!/usr/bin/env node
 import { parseFlags, runMain, UsageError } from "@git-csi/config";
 import { createLogger, logLifecycle } from "@git-csi/logging";
-import { reportCommand } from "./report";
+import { reportCommand } from "@git-csi/git-worker/report-command";
 import { Standalone } from "./standalone";
 
 const USAGE = `usage: git-csi <command> [flags]
