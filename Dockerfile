@@ -1,25 +1,30 @@
-# syntax=docker/dockerfile:1
-# The driver's three images, one target each. Build from the repository root:
-#   docker build --target csi-frontend -t git-csi/csi-frontend .
+# The driver's three images, one target each, from one build stage. Build from
+# the repository root with any OCI builder:
+#   buildah bud --layers --target csi-frontend -t git-csi/csi-frontend .
 #   docker build --target mount-owner -t git-csi/mount-owner .
-#   docker build --target git-worker -t git-csi/git-worker .
-# e2e/src/images.ts reads each target's stage to make the test clusters'
-# images without Docker: keep to the instructions it knows.
+# `make images` builds all three with buildah, `make publish` pushes them
+# (README, "Install"). Three images rather than one: each holds only what its
+# container runs, and each runs as the user it needs.
 
-FROM node:20-bookworm AS build
-# protoc and the well-known .proto files: @git-csi/protos generates its
-# TypeScript at build time. libfuse3-dev and pkg-config: the mount owner's
-# FUSE server addon (native/), compiled against this image's Node headers
-# (/usr/local/include/node).
+FROM node:20-bookworm-slim AS build
+# A C compiler, make and pkg-config with libfuse3-dev: the mount owner's FUSE
+# server addon and the two plain programs (native/), compiled against this
+# image's Node headers (/usr/local/include/node). protoc and the well-known
+# .proto files: @git-csi/protos generates its TypeScript at build time.
 RUN apt-get update \
- && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends protobuf-compiler libprotobuf-dev libfuse3-dev pkg-config \
+ && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends gcc libc6-dev make pkg-config libfuse3-dev protobuf-compiler libprotobuf-dev \
  && rm -rf /var/lib/apt/lists/*
+# Behind a TLS-intercepting proxy, `make images` passes the host's trust store
+# in here (read-only, for the build's RUN lines alone; no image keeps it).
+ARG NODE_EXTRA_CA_CERTS
 RUN npm install -g pnpm@10.34.9
 ENV CI=true
 WORKDIR /src
+# The dependencies from the lockfile alone, so a change of source reuses this layer.
+COPY pnpm-lock.yaml pnpm-workspace.yaml ./
+RUN pnpm fetch
 COPY . .
-RUN --mount=type=cache,id=pnpm-store,target=/root/.local/share/pnpm/store \
-    pnpm install --frozen-lockfile
+RUN pnpm install --offline --frozen-lockfile
 # The three packages and the workspace packages they reference (tsc -b
 # follows the tsconfig references), once for every target.
 RUN pnpm --filter @git-csi/protos run generate \
@@ -27,13 +32,13 @@ RUN pnpm --filter @git-csi/protos run generate \
  && make -C packages/git-worker/native \
  && pnpm exec tsc -b packages/csi-frontend packages/mount-owner packages/git-worker
 # Each package with its production dependencies only, workspace packages
-# copied in, the addon in the mount owner's dist. No install script runs:
+# copied in, the native programs in its dist. No install script runs:
 # @parcel/watcher ships its linux-x64 prebuild. --legacy: pnpm 10's default
 # deploy needs inject-workspace-packages.
-RUN --mount=type=cache,id=pnpm-store,target=/root/.local/share/pnpm/store \
-    pnpm deploy --filter @git-csi/csi-frontend --prod --legacy /out/csi-frontend \
+RUN pnpm deploy --filter @git-csi/csi-frontend --prod --legacy /out/csi-frontend \
  && pnpm deploy --filter @git-csi/mount-owner --prod --legacy /out/mount-owner \
- && pnpm deploy --filter @git-csi/git-worker --prod --legacy /out/git-worker
+ && pnpm deploy --filter @git-csi/git-worker --prod --legacy /out/git-worker \
+ && chmod +x /out/git-worker/dist/src/git-csi.js
 
 # What every image shares: the slim Node.js base, production mode, /app.
 FROM node:20-bookworm-slim AS runtime
@@ -77,5 +82,7 @@ RUN apt-get update \
  && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends git openssh-client ca-certificates tini \
  && rm -rf /var/lib/apt/lists/*
 COPY --from=build /out/git-worker /app
+# `kubectl exec … -c git-worker -- git-csi report <volume>` (README).
+RUN ln -s /app/dist/src/git-csi.js /usr/local/bin/git-csi
 USER root
 ENTRYPOINT ["/usr/bin/tini", "--", "node", "/app/dist/src/main.js"]

@@ -10,11 +10,13 @@ HELM_VERSION := v3.21.4
 # addon, fuse3 for fusermount3), bindfs for the benchmark baseline, protoc with
 # the well-known protos, and real servers for the tests; for the cluster tests,
 # containerd, runc and the CNI plugins the kubelets run pods with, iproute2 for
-# the test's network namespace, a static libc for the pause binary, and what
-# the images hold beyond that (tini, ca-certificates, mount): the images are
-# made from the packages installed here (e2e/src/images.ts).
+# the test's network namespace, a static libc for the pause binary; for the
+# images, buildah (the builder), skopeo (pushes), debootstrap and busybox-static
+# (the public base images made here, e2e/images/bases.sh), docker-registry (the
+# tests' registry) and apache2-utils (htpasswd, for a registry with a login).
 APT_PACKAGES := libfuse3-dev fuse3 gcc make pkg-config bindfs protobuf-compiler libprotobuf-dev git openssh-server openssh-client lighttpd util-linux procps python3 prometheus openssl \
-	containerd runc containernetworking-plugins iproute2 libc6-dev tini ca-certificates mount
+	containerd runc containernetworking-plugins iproute2 libc6-dev \
+	buildah skopeo debootstrap docker-registry busybox-static apache2-utils
 
 CACHE := $(CURDIR)/.cache
 GOBIN := $(CACHE)/bin
@@ -52,7 +54,25 @@ PROVISIONER_VERSION := $(shell awk '$$1 == "require" && $$2 == "github.com/kuber
 SIDECARS := $(CACHE)/csi-sidecars
 CSI_SIDECARS := $(SIDECARS)/csi-resizer/$(RESIZER_VERSION)/csi-resizer $(SIDECARS)/csi-provisioner/$(PROVISIONER_VERSION)/csi-provisioner
 
-.PHONY: deps apt pnpm node-deps go-tools kube-tools cluster-tools build lint test unit e2e sanity chart demo bench clean
+# The driver's images: the one Dockerfile, built as is by buildah (Debian's),
+# into a store under .cache/ that keeps the builder's layers between runs, and
+# named $(REGISTRY)/git-csi/<service>:$(VERSION). `make publish` pushes them
+# and the chart. Where no public registry can be reached (CI, the tests),
+# BASES=local first makes the public base images the Dockerfile names from
+# local parts (e2e/images/bases.sh), and the build never pulls.
+REGISTRY ?= ghcr.io/liken-sh
+VERSION ?= $(shell awk '$$1 == "appVersion:" { gsub(/"/, "", $$2); print $$2 }' charts/git-csi/Chart.yaml)
+BASES ?= pull
+SERVICES := csi-frontend mount-owner git-worker
+IMAGE_STORE := $(CACHE)/containers
+BUILDAH := buildah --root $(IMAGE_STORE)/storage --runroot $(IMAGE_STORE)/run --storage-driver overlay
+export BUILDAH_ISOLATION := chroot
+# The host's trust store, for the build's npm and pnpm: a machine behind a
+# TLS-intercepting proxy reaches the npm registry only with its CA.
+BUILD_CA ?= $(or $(NODE_EXTRA_CA_CERTS),$(wildcard /etc/ssl/certs/ca-certificates.crt))
+BUILD_CA_FLAGS := $(if $(BUILD_CA),--volume $(BUILD_CA):/run/build-ca.crt:ro --build-arg NODE_EXTRA_CA_CERTS=/run/build-ca.crt)
+
+.PHONY: deps apt pnpm node-deps go-tools kube-tools cluster-tools build lint test unit e2e sanity chart demo bench clean base-images cluster-images images publish
 
 apt:
 	@missing=$$(for p in $(APT_PACKAGES); do dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null | grep -q '^install ok installed' || echo $$p; done); \
@@ -96,6 +116,30 @@ $(SIDECARS)/csi-provisioner/$(PROVISIONER_VERSION)/csi-provisioner: e2e/k8s/csi-
 
 kube-tools: $(KUBE_TOOLS)
 
+base-images: apt
+	BUILDAH="$(BUILDAH)" bash e2e/images/bases.sh $(CACHE)/images
+
+# The public images the cluster tests pull besides the driver's: the pause
+# image and the chart's two controller sidecars, each the binary
+# `make cluster-tools` built, under the name the chart and the kubelet use.
+cluster-images: apt cluster-tools
+	BUILDAH="$(BUILDAH)" bash e2e/images/bases.sh $(CACHE)/images registry.k8s.io/pause:3.10=$(KUBE_BIN)/pause \
+	  registry.k8s.io/sig-storage/csi-resizer:$(RESIZER_VERSION)=$(word 1,$(CSI_SIDECARS)) \
+	  registry.k8s.io/sig-storage/csi-provisioner:$(PROVISIONER_VERSION)=$(word 2,$(CSI_SIDECARS))
+
+images: apt $(if $(filter local,$(BASES)),base-images)
+	@for service in $(SERVICES); do \
+	  start=$$(date +%s); echo "building $(REGISTRY)/git-csi/$$service:$(VERSION) with buildah (layers cached in $(IMAGE_STORE))"; \
+	  $(BUILDAH) bud --layers $(BUILD_CA_FLAGS) --pull=$(if $(filter local,$(BASES)),never,false) --target $$service -t $(REGISTRY)/git-csi/$$service:$(VERSION) . > $(CACHE)/images/$$service.log 2>&1 \
+	    || { tail -30 $(CACHE)/images/$$service.log; exit 1; }; \
+	  echo "built $$service in $$(( $$(date +%s) - start )) s"; \
+	done
+
+# The images and the packaged chart to $(REGISTRY) (scripts/publish.sh says how).
+publish: images $(GOBIN)/helm
+	BUILDAH="$(BUILDAH)" STORE="overlay@$(IMAGE_STORE)/storage+$(IMAGE_STORE)/run" REGISTRY="$(REGISTRY)" VERSION="$(VERSION)" \
+	  SERVICES="$(SERVICES)" PLAIN_HTTP="$(PLAIN_HTTP)" HELM="$(GOBIN)/helm" bash scripts/publish.sh
+
 # pjdfstest, the POSIX conformance suite the e2e tests run at the root of a
 # staged volume's mount (e2e/test/pjdfstest.test.ts), built from the tarball
 # kept beside the project; the script does nothing when it is built already.
@@ -113,7 +157,8 @@ build: apt node-deps
 unit: build
 	pnpm run test:unit
 
-e2e: build go-tools kube-tools cluster-tools $(PJDFSTEST)
+e2e: BASES = local
+e2e: build go-tools kube-tools cluster-tools cluster-images images $(PJDFSTEST)
 	pnpm run test:e2e
 
 sanity: build go-tools
@@ -127,7 +172,10 @@ chart:
 lint: node-deps
 	pnpm run lint
 
-test: deps build kube-tools cluster-tools $(PJDFSTEST) lint
+# The images first, from the public bases made here (no registry is reached):
+# the cluster test's `make publish` then finds every layer built.
+test: BASES = local
+test: deps build kube-tools cluster-tools cluster-images images $(PJDFSTEST) lint
 	pnpm run test:unit
 	pnpm run test:e2e
 	node e2e/dist/src/sanity.js

@@ -399,6 +399,20 @@ check "values.schema.json rejects a registration it does not know" rejects "node
 check "values.schema.json rejects node.metricsPort=notanumber" rejects "node.metricsPort=notanumber" --set node.metricsPort=notanumber
 check "values.schema.json rejects an unknown value (node.metricPort)" rejects "node.metricPort=9000" --set node.metricPort=9000
 check "values.schema.json rejects a mount-owner update strategy it does not know" rejects "mountOwner.updateStrategy.type=Sometimes" --set mountOwner.updateStrategy.type=Sometimes
+# The driver's three images come from images.registry, the sidecars from their own.
+driver_images_from_registry() {
+  "$HELM" template git-csi "$CHART" --namespace git-csi --kube-version "$KUBE_VERSION" --set images.registry=registry.example.com:5000/team \
+    --set node.registration=node-driver-registrar >"$WORK/registry.yaml" || return 1
+  local images
+  images=$(grep -o 'image: .*' "$WORK/registry.yaml" | sort -u)
+  echo "$images"
+  for service in csi-frontend mount-owner git-worker; do
+    grep -qx "image: registry.example.com:5000/team/git-csi/$service:0.1.0" <<<"$images" || return 1
+  done
+  ! grep -v -e 'registry.example.com:5000/team/git-csi/' -e 'registry.k8s.io/sig-storage/' <<<"$images" | grep -q .
+}
+check "images.registry names where the three driver images are pulled from" driver_images_from_registry
+check "values.schema.json rejects a registry with a scheme" rejects "images.registry=https://registry.example.com" --set images.registry=https://registry.example.com
 check "values.schema.json rejects an image pull policy it does not know" rejects "images.csiFrontend.pullPolicy=Sometimes" --set images.csiFrontend.pullPolicy=Sometimes
 check "dashboard names only metrics the driver exports" python3 "$WORK/checks.py" dashboard
 check "docs/examples/homeassistant matches spec 004" python3 "$WORK/checks.py" examples

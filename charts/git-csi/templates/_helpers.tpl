@@ -59,6 +59,11 @@ app.kubernetes.io/component: {{ .component }}
 {{- printf "%s:%s" .image.repository (default .root.Chart.AppVersion .image.tag) }}
 {{- end }}
 
+{{/* One of the driver's own images, from images.registry: pass (dict "image" .Values.images.x "root" $). */}}
+{{- define "git-csi.driverImage" -}}
+{{- printf "%s/%s" .root.Values.images.registry (include "git-csi.image" .) }}
+{{- end }}
+
 {{/* The kubelet's plugin directory of this driver, on the host. */}}
 {{- define "git-csi.pluginDir" -}}
 {{- printf "%s/plugins/%s" (trimSuffix "/" .Values.kubeletDir) (include "git-csi.driverName" .) }}
