@@ -5,7 +5,7 @@
 // of the study it follows are in ../shared/kubelet/NOTES.md.
 //
 //   const cluster = await startCluster(dir);      // nodes Ready, default ServiceAccount there
-//   await cluster.importImages(archives);         // `ctr images import` on every node
+//   await cluster.inNetns("bash", ["-c", script], "", { REGISTRY: … });  // as a user's shell: kubectl, helm on PATH
 //   await cluster.kubectl(["get", "nodes"]);      // kubectl and helm run inside the namespace
 //   await cluster.helm(["install", ...]);
 //   await cluster.nodes[0].freeze();              // the node is lost: kubelet, containerd, pods stopped
@@ -17,6 +17,9 @@
 //                   the API server itself: pods reach it with no kube-proxy.
 //   10.97.0.N       node N's InternalIP (kubelet :10250, healthz :10248)
 //   10.97.0.100     where the tests' git servers listen (GIT_ADDRESS)
+//   10.97.0.200:5000  a real image registry (registry.ts), which every
+//                   node's containerd pulls from, and mirrors
+//                   registry.k8s.io and docker.io
 //   10.98.N.0/24    node N's pods, on a CNI bridge of their own
 // Each node also has a mount namespace of its own, in which /var/lib/kubelet,
 // /var/lib/git-csi and /var/log/pods are that node's directories: the chart's
@@ -35,8 +38,8 @@ import * as fs from "node:fs/promises";
 import * as path from "node:path";
 import { execFile } from "node:child_process";
 import { promisify } from "node:util";
-import { binaryImage, buildImage, importImage } from "./images";
 import { kubeBinDir, runTool, until, watched, type Watched } from "./kube";
+import { PAUSE_IMAGE, publicImageRefs, type Registry, REGISTRY_ADDRESS, seedPublicImages, startRegistry, writeHostsConfig } from "./registry";
 
 const ROOT = path.join(__dirname, "..", "..", "..");
 const run = promisify(execFile);
@@ -46,8 +49,6 @@ export const GIT_ADDRESS = "10.97.0.100";
 const SERVICE_RANGE = "10.96.0.0/24";
 const nodeAddress = (n: number) => `10.97.0.${n}`;
 const podRange = (n: number) => `10.98.${n}.0/24`;
-/** The pause image the sandboxes run; built from Kubernetes' pause.c by `make cluster-tools`. */
-export const PAUSE_IMAGE = "registry.k8s.io/pause:3.10";
 /** cgroup v1 hierarchies a kubelet's cgroupRoot must exist in (this machine has no hugetlb, net_cls, perf_event). */
 const HIERARCHIES = ["cpu", "cpuacct", "cpuset", "memory", "devices", "freezer", "blkio", "pids", "systemd"];
 /** Host paths a node sees as its own. */
@@ -72,23 +73,25 @@ export interface Cluster {
   /** The admin's kubeconfig, for kubectl run inside the namespace by hand. */
   kubeconfig: string;
   nodes: ClusterNode[];
+  /** host:port of the registry the nodes pull from, inside the namespace. */
+  registry: string;
   kubectl(args: string[], input?: string): Promise<string>;
   helm(args: string[]): Promise<string>;
-  importImages(archives: string[]): Promise<void>;
+  /** Any command inside the namespace, as a user's shell would run it: kubectl and helm on PATH, their configuration, and env. */
+  inNetns(file: string, args: string[], input?: string, env?: NodeJS.ProcessEnv): Promise<string>;
   stop(): Promise<void>;
 }
 
-const TOOLS = ["etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubelet", "kubectl", "pause"];
+const TOOLS = ["etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubelet", "kubectl"];
 const HELM = path.join(ROOT, ".cache", "bin", "helm");
+const PROGRAMS = ["/usr/bin/containerd", "/usr/sbin/runc", "/usr/lib/cni/bridge", "/usr/bin/docker-registry", "/usr/bin/skopeo", "/usr/bin/buildah", "/usr/bin/curl"];
 
-/** Why a cluster cannot start here, or undefined when it can. */
-export function clusterMissing(): string | undefined {
-  const dir = kubeBinDir();
-  const missing = TOOLS.filter((t) => !existsSync(path.join(dir, t)));
-  for (const bin of [HELM, "/usr/bin/containerd", "/usr/sbin/runc", "/usr/lib/cni/bridge"]) if (!existsSync(bin)) missing.push(bin);
-  if (process.getuid?.() !== 0) return "the cluster tests need root (network namespaces, mounts, cgroups)";
+/** Why a cluster cannot start here, naming each missing tool, or undefined when it can. */
+export function clusterMissing(kubeBin = kubeBinDir(), uid = process.getuid?.()): string | undefined {
+  if (uid !== 0) return "the cluster tests need root (network namespaces, mounts, cgroups): run them as root";
+  const missing = [...TOOLS.map((t) => path.join(kubeBin, t)), HELM, ...PROGRAMS].filter((bin) => !existsSync(bin));
   if (missing.length === 0) return undefined;
-  return `no ${missing.join(", ")}: run 'make go-tools cluster-tools' (Go from the module proxy, Debian packages)`;
+  return `no ${missing.join(", ")}: run 'make go-tools cluster-tools' (Go, from the module proxy, and Debian packages)`;
 }
 
 export async function startCluster(dir: string, nodeCount = 2): Promise<Cluster> {
@@ -110,6 +113,9 @@ export async function startCluster(dir: string, nodeCount = 2): Promise<Cluster>
   };
   try {
     await network(netns, nodeCount);
+    const registry = await startRegistry(path.join(dir, "registry"), { address: REGISTRY_ADDRESS, netns });
+    processes.push(registry.process);
+    await seedPublicImages(netns, registry, publicImageRefs());
     const start = async (name: string, b: string, args: string[]) => {
       const p = await watched("nsenter", [`--net=/run/netns/${netns}`, "--", b, ...args], path.join(dir, `${name}.log`));
       processes.push(p);
@@ -119,14 +125,15 @@ export async function startCluster(dir: string, nodeCount = 2): Promise<Cluster>
     const pki = await certificates(path.join(dir, "pki"), nodeCount);
     const kubeconfig = await kubeconfigFile(dir, "admin", pki.tokens.admin, pki.ca);
     const kubectlEnv = {
-      ...process.env,
+      ...registry.env,
+      PATH: `${bin}:${path.dirname(HELM)}:${process.env.PATH}`,
       KUBECONFIG: kubeconfig,
       KUBECACHEDIR: path.join(dir, "kubectl-cache"),
       HELM_CACHE_HOME: path.join(dir, "helm", "cache"),
       HELM_CONFIG_HOME: path.join(dir, "helm", "config"),
       HELM_DATA_HOME: path.join(dir, "helm", "data"),
     };
-    const inNetns = (b: string, args: string[], input?: string) => runTool("nsenter", [`--net=/run/netns/${netns}`, "--", b, ...args], kubectlEnv, input);
+    const inNetns = (b: string, args: string[], input?: string, env?: NodeJS.ProcessEnv) => runTool("nsenter", [`--net=/run/netns/${netns}`, "--", b, ...args], { ...kubectlEnv, ...env }, input);
     const kubectl = (args: string[], input?: string) => inNetns(path.join(bin, "kubectl"), args, input);
 
     await start("etcd", path.join(bin, "etcd"), etcdArgs(dir));
@@ -136,7 +143,7 @@ export async function startCluster(dir: string, nodeCount = 2): Promise<Cluster>
     await start("kube-controller-manager", path.join(bin, "kube-controller-manager"), controllerManagerArgs(dir, kubeconfig, pki));
     await start("kube-scheduler", path.join(bin, "kube-scheduler"), schedulerArgs(kubeconfig));
 
-    for (let n = 1; n <= nodeCount; n++) nodes.push(await startNode(n, cgroupRoots[n - 1]!, path.join(dir, `node${n}`), netns, pki, bin));
+    for (let n = 1; n <= nodeCount; n++) nodes.push(await startNode(n, cgroupRoots[n - 1]!, path.join(dir, `node${n}`), netns, pki, bin, registry));
     await until(
       "every node is Ready",
       apiserver,
@@ -148,7 +155,7 @@ export async function startCluster(dir: string, nodeCount = 2): Promise<Cluster>
     );
     await until("the default ServiceAccount exists", apiserver, async () => kubectl(["get", "serviceaccount", "default"]).then(() => true), 60_000);
 
-    return { netns, kubeconfig, nodes, kubectl, helm: (args) => inNetns(HELM, args), importImages: (archives) => importInto(nodes, archives), stop };
+    return { netns, kubeconfig, nodes, registry: REGISTRY_ADDRESS, kubectl, helm: (args) => inNetns(HELM, args), inNetns, stop };
   } catch (err) {
     await stop();
     throw err;
@@ -217,15 +224,6 @@ function schedulerArgs(kubeconfig: string): string[] {
   return [`--kubeconfig=${kubeconfig}`, `--authentication-kubeconfig=${kubeconfig}`, `--authorization-kubeconfig=${kubeconfig}`, "--leader-elect=false", "--bind-address=127.0.0.1"];
 }
 
-/** The nodes unpack at once, each its archives in turn. */
-async function importInto(nodes: ClusterNode[], archives: string[]): Promise<void> {
-  await Promise.all(
-    nodes.map(async (node) => {
-      for (const archive of archives) await importImage(node.containerdSocket, archive);
-    }),
-  );
-}
-
 // The cluster's guard, under the watchdog of kube.ts: when the test process
 // ends, however it ends, or stop() is done with the rest, it kills whatever is
 // left in the nodes' cgroups (containers outlive a killed containerd), removes
@@ -263,7 +261,8 @@ async function network(netns: string, nodeCount: number): Promise<void> {
   const ip = (...args: string[]) => run("ip", ["-n", netns, ...args]);
   await ip("link", "set", "lo", "up");
   // The kubelet refuses a loopback node IP; these are ordinary addresses that happen to sit on this namespace's lo.
-  for (const address of [API_ADDRESS, GIT_ADDRESS, ...Array.from({ length: nodeCount }, (_, i) => nodeAddress(i + 1))]) await ip("addr", "add", `${address}/32`, "dev", "lo");
+  for (const address of [API_ADDRESS, GIT_ADDRESS, REGISTRY_ADDRESS.split(":")[0]!, ...Array.from({ length: nodeCount }, (_, i) => nodeAddress(i + 1))])
+    await ip("addr", "add", `${address}/32`, "dev", "lo");
 }
 
 interface Pki {
@@ -345,17 +344,17 @@ async function kubeconfigFile(dir: string, user: string, token: string, ca: stri
 }
 
 /** Node n: its cgroup root, its mount namespace (held by its containerd), and its kubelet. */
-async function startNode(n: number, cgroupRoot: string, dir: string, netns: string, pki: Pki, bin: string): Promise<ClusterNode> {
+async function startNode(n: number, cgroupRoot: string, dir: string, netns: string, pki: Pki, bin: string, registry: Registry): Promise<ClusterNode> {
   const name = `node${n}`;
   const address = nodeAddress(n);
   const paths = nodePaths(dir);
   for (const p of [...Object.values(paths), ...Object.values(NODE_PATHS)]) await fs.mkdir(p, { recursive: true });
   await nodeCgroups(cgroupRoot);
   const socket = path.join(paths.containerd, "containerd.sock");
-  await fs.writeFile(path.join(dir, "containerd.toml"), containerdConfig(paths.containerd, socket, paths.netd, address));
+  await writeHostsConfig(paths.registries, registry);
+  await fs.writeFile(path.join(dir, "containerd.toml"), containerdConfig(paths.containerd, socket, paths.netd, paths.registries, address));
   await fs.writeFile(path.join(paths.netd, "10-bridge.conflist"), bridgeConfig(name, `${netns}n${n}`.slice(-15), podRange(n), paths.cni));
   const { containerd, holder } = await startContainerd(name, dir, netns, paths, cgroupRoot, socket);
-  await importImage(socket, await pauseArchive(path.join(dir, "pause.tar"), bin));
   const kubeconfig = await kubeconfigFile(dir, name, pki.tokens[name]!, pki.ca);
   await fs.writeFile(path.join(dir, "kubelet.yaml"), JSON.stringify(kubeletConfig(address, cgroupRoot, socket, pki.kubeletClientCa, path.join(dir, "volume-plugins"))));
   const kubelet = await watched("nsenter", kubeletArgs(name, address, dir, netns, holder, cgroupRoot, kubeconfig, bin), path.join(dir, "kubelet.log"));
@@ -375,7 +374,7 @@ async function startNode(n: number, cgroupRoot: string, dir: string, netns: stri
   };
 }
 
-type NodePaths = Record<"kubelet" | "state" | "podLogs" | "netns" | "containerd" | "netd" | "cni", string>;
+type NodePaths = Record<"kubelet" | "state" | "podLogs" | "netns" | "containerd" | "netd" | "cni" | "registries", string>;
 
 function nodePaths(dir: string): NodePaths {
   return {
@@ -386,6 +385,7 @@ function nodePaths(dir: string): NodePaths {
     containerd: path.join(dir, "containerd"),
     netd: path.join(dir, "net.d"),
     cni: path.join(dir, "cni"),
+    registries: path.join(dir, "certs.d"),
   };
 }
 
@@ -462,7 +462,7 @@ async function settleFreezer(freezer: string, state: "FROZEN" | "THAWED"): Promi
   while ((await fs.readFile(freezer, "utf8")).trim() !== state) await new Promise((r) => setTimeout(r, 100));
 }
 
-function containerdConfig(root: string, socket: string, netd: string, address: string): string {
+function containerdConfig(root: string, socket: string, netd: string, registries: string, address: string): string {
   return `version = 2
 root = "${root}/root"
 state = "${root}/state"
@@ -491,6 +491,8 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
     [plugins."io.containerd.grpc.v1.cri".cni]
       bin_dir = "/usr/lib/cni"
       conf_dir = "${netd}"
+    [plugins."io.containerd.grpc.v1.cri".registry]
+      config_path = "${registries}"
   [plugins."io.containerd.internal.v1.opt"]
     path = "${root}/opt"
 `;
@@ -514,7 +516,7 @@ function kubeletConfig(address: string, cgroupRoot: string, socket: string, clie
     authentication: { anonymous: { enabled: false }, webhook: { enabled: false }, x509: { clientCAFile: clientCa } },
     authorization: { mode: "AlwaysAllow" },
     serializeImagePulls: false,
-    // The images are imported, never pulled: none may be collected.
+    // Each image is pulled once, for the whole test: none may be collected.
     imageGCHighThresholdPercent: 100,
     imageGCLowThresholdPercent: 99,
     evictionHard: { "memory.available": "100Mi", "nodefs.available": "1%", "imagefs.available": "1%", "nodefs.inodesFree": "1%" },
@@ -528,12 +530,6 @@ function kubeletConfig(address: string, cgroupRoot: string, socket: string, clie
     // Otherwise the kubelet creates /usr/libexec/kubernetes/kubelet-plugins on the machine.
     volumePluginDir,
   };
-}
-
-/** The pause image, from the binary `make cluster-tools` builds. */
-async function pauseArchive(out: string, bin: string): Promise<string> {
-  if (!existsSync(out)) await buildImage(binaryImage(PAUSE_IMAGE, path.join(bin, "pause")), out, `${out}.work`);
-  return out;
 }
 
 /** Kills what a stopped kubelet left running in its containerd. */

@@ -4,8 +4,6 @@
 // VolumeAttributesClass, watches. No scheduler, controller-manager or kubelet
 // runs: objects are stored and validated, nothing reconciles them.
 //
-//   const reason = kubeToolsMissing();
-//   if (reason) return t.skip(reason);              // say why, loudly
 //   const kube = await startKube(dir);              // logs and data under dir
 //   await kube.kubectl(["apply", "-f", "-"], yaml); // kubectl with the admin kubeconfig
 //   new KubeConfig().loadFromFile(kube.kubeconfig); // @kubernetes/client-node works too
@@ -22,7 +20,7 @@
 //               resolves to stdout, rejects with stderr in the message
 //   apply(...objects)  kubectl apply of the objects, as one List
 //   stop()      ends kube-apiserver and etcd; idempotent
-// kubeToolsMissing() says why the binaries are not there (a test skips with
+// kubeToolsMissing() says why the binaries are not there (startKube fails with
 // it), kubeVersions() and kubeBinDir() where they are, and watched()/until()
 // run any other server the same way (the Prometheus test uses them).
 //
@@ -336,16 +334,11 @@ async function tail(file: string, lines = 30): Promise<string> {
 }
 
 /**
- * A test's own API server: the test is skipped, saying why, when the
- * binaries are not built; otherwise the server stops and its directory goes
- * after the test.
+ * A test's own API server, which stops, its directory gone, after the test.
+ * Binaries that are not built fail the test with startKube's reason: a
+ * skipped test has not run.
  */
-export async function kubeForTest(t: TestContext, name: string): Promise<Kube | undefined> {
-  const missing = kubeToolsMissing();
-  if (missing) {
-    t.skip(missing);
-    return undefined;
-  }
+export async function kubeForTest(t: TestContext, name: string): Promise<Kube> {
   const dir = await fs.mkdtemp(path.join(os.tmpdir(), `git-csi-${name}-`));
   const kube = await startKube(dir);
   t.after(async () => {

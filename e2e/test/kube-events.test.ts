@@ -24,7 +24,6 @@ interface Event {
 
 test("EventRecorder posts, counts and rate-limits core/v1 Events on a real API server", async (t) => {
   const kube = await kubeForTest(t, "kube-events");
-  if (!kube) return;
   const ns = "apps";
   await kube.apply(
     { apiVersion: "v1", kind: "Namespace", metadata: { name: ns } },

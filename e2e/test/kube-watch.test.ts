@@ -30,7 +30,6 @@ function persistentVolume(name: string, driver: string, reclaimPolicy: string, c
 
 test("ClassWatch follows PV → claim → VolumeAttributesClass on a real API server", async (t) => {
   const kube = await kubeForTest(t, "kube-watch");
-  if (!kube) return;
   const apply = kube.apply;
   const removeFinalizers = (kind: string, name: string) => kube.kubectl(["patch", kind, name, "--type", "json", "-p", JSON.stringify([{ op: "remove", path: "/metadata/finalizers" }])]);
   const patchClaim = (patch: object, type = "merge") => kube.kubectl(["patch", "pvc", "config", "-n", "home", "--type", type, "-p", JSON.stringify(patch)]);
