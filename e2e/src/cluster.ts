@@ -35,10 +35,10 @@ import * as fs from "node:fs/promises";
 import * as path from "node:path";
 import { execFile } from "node:child_process";
 import { promisify } from "node:util";
+import { HELM } from "./chart";
 import { binaryImage, buildImage, importImage } from "./images";
 import { kubeBinDir, runTool, until, watched, type Watched } from "./kube";
 
-const ROOT = path.join(__dirname, "..", "..", "..");
 const run = promisify(execFile);
 
 export const API_ADDRESS = "10.96.0.1";
@@ -79,7 +79,6 @@ export interface Cluster {
 }
 
 const TOOLS = ["etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubelet", "kubectl", "pause"];
-const HELM = path.join(ROOT, ".cache", "bin", "helm");
 
 /** Why a cluster cannot start here, or undefined when it can. */
 export function clusterMissing(): string | undefined {
