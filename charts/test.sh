@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
 # Checks the git.liken.sh Helm chart: lint, render with default values and
-# with the ServiceMonitor on, parse every rendered manifest, check that
-# values.schema.json rejects bad values, that the Grafana dashboard names only
-# metrics the driver exports, and that the Home Assistant example matches
-# spec 004. Installs helm (pinned) into .cache/bin if it is missing.
+# with the ServiceMonitor and the PrometheusRule on, parse every rendered
+# manifest, check that values.schema.json rejects bad values, that the Grafana
+# dashboard names only metrics the driver exports, that promtool accepts the
+# alert rules the chart renders and that each alert fires when
+# charts/rules.test.yaml says, and that the Home Assistant example matches
+# spec 004. Installs helm (pinned) into .cache/bin if it is missing; promtool
+# is Debian's prometheus package (`make apt`).
 #
 #   bash charts/test.sh
 #
@@ -116,7 +119,7 @@ def pinned(image):
     tag = image.rsplit(":", 1)[1] if ":" in image.rsplit("/", 1)[-1] else ""
     return tag not in ("", "latest")
 
-def check_render(path, service_monitor, sidecars):
+def check_render(path, service_monitor, sidecars, prometheus_rule):
     docs = load(path)
     kinds = sorted(d["kind"] for d in docs)
     print(f"{len(docs)} manifests: {', '.join(kinds)}")
@@ -238,6 +241,21 @@ def check_render(path, service_monitor, sidecars):
     else:
         expect(not sms, "no ServiceMonitor by default")
 
+    prs = find(docs, "PrometheusRule")
+    if prometheus_rule:
+        if expect(len(prs) == 1, "one PrometheusRule when metrics.prometheusRule.enabled"):
+            pr = prs[0]
+            expect(pr["apiVersion"] == "monitoring.coreos.com/v1", f"the PrometheusRule is monitoring.coreos.com/v1, not {pr['apiVersion']}")
+            expect(pr["metadata"].get("namespace") == "monitoring", "the PrometheusRule is in metrics.prometheusRule.namespace")
+            expect((pr["metadata"].get("labels") or {}).get("release") == "prometheus", "the PrometheusRule carries metrics.prometheusRule.labels")
+            with open(os.path.join(CHART, "rules", "git-csi.yaml")) as f:
+                expect(pr["spec"] == yaml.safe_load(f), "the PrometheusRule's spec is rules/git-csi.yaml, unchanged")
+            # The rules as they ship, for check_rules and promtool.
+            with open(os.path.join(os.path.dirname(path), "rules.yaml"), "w") as f:
+                yaml.safe_dump(pr["spec"], f, sort_keys=False, width=1000)
+    else:
+        expect(not prs, "no PrometheusRule by default")
+
 # --- the dashboard's metric names ---------------------------------------------
 PROMQL_WORDS = {"and", "or", "unless", "bool", "offset", "by", "without", "on", "ignoring", "group_left", "group_right", "inf", "nan", "atan2"}
 
@@ -303,6 +321,43 @@ def check_dashboard():
     expect(any(r.get("type") == "row" and r.get("repeat") == "claim" for r in dash.get("panels", [])), "a row repeats on the claim variable")
     expect(any("time() - " in e and "git_csi_last_push_timestamp_seconds" in e for _, e in exprs), "last push age is time() - git_csi_last_push_timestamp_seconds")
     expect(any(re.search(r"\b(rate|increase)\(git_csi_push_failures_total\b", e) for _, e in exprs), "push failures use rate/increase of git_csi_push_failures_total")
+    expect(any(re.search(r"\bincrease\(git_csi_operations_total\b", e) and "by (node, operation)" in e for _, e in exprs), "a panel shows increase(git_csi_operations_total) by node and operation")
+    expect(any(re.search(r'git_csi_operations_total\{operation="stale_epoch_refused"\}', e) for _, e in exprs), "a panel shows spec 000's stale-epoch refusals")
+
+# --- the alert rules ------------------------------------------------------------
+# Each alert, the metric it reads, and the labels its annotations name.
+ALERTS = {
+    "GitCsiVolumeAbnormal": ("git_csi_volume_abnormal", ("namespace", "claim", "node")),
+    "GitCsiPushFailing": ("git_csi_push_failures_total", ("namespace", "claim", "node")),
+    "GitCsiVolumeOnSideBranch": ("git_csi_diverged", ("namespace", "claim", "node")),
+    "GitCsiStaleEpochRefused": ("git_csi_operations_total", ("node", "instance")),
+    "GitCsiLeaseRenewalFailing": ("git_csi_operations_total", ("node", "instance")),
+}
+
+def operations():
+    with open(os.path.join(ROOT, "packages", "metrics", "src", "index.ts")) as f:
+        listed = re.search(r"const OPERATIONS = \[([^\]]*)\] as const", f.read())
+    return set(re.findall(r'"(\w+)"', listed.group(1))) if listed else set()
+
+def check_rules(path):
+    """The rendered PrometheusRule's rules: what each reads and says."""
+    exported, known_operations = exported_metrics(), operations()
+    with open(path) as f:
+        by = {r.get("alert"): r for g in yaml.safe_load(f)["groups"] for r in g["rules"]}
+    expect(set(by) == set(ALERTS), f"the alerts are {sorted(ALERTS)}, not {sorted(by)}")
+    for name, rule in by.items():
+        metric, labels = ALERTS.get(name, ("", ()))
+        names = metric_names(rule["expr"])
+        expect(names and names <= exported, f"{name}: {sorted(names - exported)} are not metrics the driver exports (in {rule['expr']!r})")
+        expect(metric in names, f"{name} reads {metric}")
+        for operation in re.findall(r'operation="(\w+)"', rule["expr"]):
+            expect(operation in known_operations, f"{name}: operation {operation} is not one packages/metrics counts ({sorted(known_operations)})")
+        annotations = rule.get("annotations") or {}
+        expect(annotations.get("summary") and annotations.get("description"), f"{name} has a summary and a description")
+        for label in labels:
+            expect("{{ $labels.%s }}" % label in annotations.get("description", ""), f"{name}'s description names the {label} label")
+        expect(rule.get("labels", {}).get("severity") in ("warning", "critical"), f"{name} has a severity")
+    expect(by.get("GitCsiVolumeAbnormal", {}).get("for") == "10m", "GitCsiVolumeAbnormal fires after ten minutes (for: 10m)")
 
 def check_examples():
     docs = []
@@ -333,7 +388,9 @@ def check_examples():
 
 what = sys.argv[1]
 if what == "render":
-    check_render(sys.argv[2], service_monitor=sys.argv[3] == "servicemonitor", sidecars=sys.argv[3] == "sidecars")
+    check_render(sys.argv[2], service_monitor=sys.argv[3] == "servicemonitor", sidecars=sys.argv[3] == "sidecars", prometheus_rule=sys.argv[3] == "prometheusrule")
+elif what == "rules":
+    check_rules(sys.argv[2])
 elif what == "dashboard":
     check_dashboard()
 elif what == "examples":
@@ -371,6 +428,24 @@ check "helm template (ServiceMonitor on) parses and has the ServiceMonitor" temp
   --set metrics.serviceMonitor.enabled=true --set-string metrics.serviceMonitor.labels.release=prometheus
 check "helm template (registrar and livenessprobe sidecars) parses and runs them" template_ok "$WORK/sidecars.yaml" sidecars \
   --set node.registration=node-driver-registrar --set node.health=livenessprobe
+check "helm template (PrometheusRule on) parses and has the PrometheusRule" template_ok "$WORK/rules-on.yaml" prometheusrule \
+  --set metrics.prometheusRule.enabled=true --set metrics.prometheusRule.namespace=monitoring --set-string metrics.prometheusRule.labels.release=prometheus
+
+# The alert rules exactly as the chart renders them ($WORK/rules.yaml, the
+# PrometheusRule's spec): what they read and say, promtool's check, and its
+# unit tests (charts/rules.test.yaml, beside the rules.yaml it names).
+# Without promtool these fail, never skip.
+promtool_rules() { # promtool_rules check|test
+  command -v promtool >/dev/null || { echo "no promtool: Debian's prometheus package ('make apt')"; return 1; }
+  if [ "$1" = check ]; then
+    promtool check rules "$WORK/rules.yaml"
+  else
+    cp "$ROOT/charts/rules.test.yaml" "$WORK/rules.test.yaml" && promtool test rules "$WORK/rules.test.yaml"
+  fi
+}
+check "the rendered alert rules read exported metrics and their annotations name the claim or node" python3 "$WORK/checks.py" rules "$WORK/rules.yaml"
+check "promtool check rules on the rendered rules" promtool_rules check
+check "promtool test rules: each alert fires when charts/rules.test.yaml says" promtool_rules test
 # A helm upgrade of the csi-frontend and git-worker (images and every value of
 # theirs) must not restart the mount-owner: its DaemonSet renders byte for byte
 # as before, while the node DaemonSet does change.
@@ -413,6 +488,7 @@ driver_images_from_registry() {
 }
 check "images.registry names where the three driver images are pulled from" driver_images_from_registry
 check "values.schema.json rejects a registry with a scheme" rejects "images.registry=https://registry.example.com" --set images.registry=https://registry.example.com
+check "values.schema.json rejects an unknown PrometheusRule value (metrics.prometheusRule.enable)" rejects "metrics.prometheusRule.enable=true" --set metrics.prometheusRule.enable=true
 check "values.schema.json rejects an image pull policy it does not know" rejects "images.csiFrontend.pullPolicy=Sometimes" --set images.csiFrontend.pullPolicy=Sometimes
 check "dashboard names only metrics the driver exports" python3 "$WORK/checks.py" dashboard
 check "docs/examples/homeassistant matches spec 004" python3 "$WORK/checks.py" examples

@@ -38,10 +38,10 @@ import * as fs from "node:fs/promises";
 import * as path from "node:path";
 import { execFile } from "node:child_process";
 import { promisify } from "node:util";
+import { HELM } from "./chart";
 import { kubeBinDir, runTool, until, watched, type Watched } from "./kube";
 import { PAUSE_IMAGE, publicImageRefs, type Registry, REGISTRY_ADDRESS, seedPublicImages, startRegistry, writeHostsConfig } from "./registry";
 
-const ROOT = path.join(__dirname, "..", "..", "..");
 const run = promisify(execFile);
 
 export const API_ADDRESS = "10.96.0.1";
@@ -83,7 +83,6 @@ export interface Cluster {
 }
 
 const TOOLS = ["etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubelet", "kubectl"];
-const HELM = path.join(ROOT, ".cache", "bin", "helm");
 const PROGRAMS = ["/usr/bin/containerd", "/usr/sbin/runc", "/usr/lib/cni/bridge", "/usr/bin/docker-registry", "/usr/bin/skopeo", "/usr/bin/buildah", "/usr/bin/curl"];
 
 /** Why a cluster cannot start here, naming each missing tool, or undefined when it can. */

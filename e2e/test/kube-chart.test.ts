@@ -2,20 +2,17 @@
 // by server-side dry-run, and the node and controller ServiceAccounts get what
 // the driver needs and nothing more, as RBAC answers `kubectl auth can-i`.
 import assert from "node:assert/strict";
-import { existsSync } from "node:fs";
 import * as fs from "node:fs/promises";
 import * as os from "node:os";
 import * as path from "node:path";
 import { after, before, describe, test } from "node:test";
-import { run } from "../src/driver";
-import { type Kube, kubeToolsMissing, kubeVersions, startKube } from "../src/kube";
+import { helmMissing, helmTemplate } from "../src/chart";
+import { type Kube, kubeToolsMissing, startKube } from "../src/kube";
 
-const ROOT = path.join(__dirname, "..", "..", "..");
-const HELM = path.join(ROOT, ".cache", "bin", "helm");
 const NAMESPACE = "git-csi";
 
 function missing(): string | undefined {
-  return kubeToolsMissing() ?? (existsSync(HELM) ? undefined : `no helm in .cache/bin: run 'make go-tools'`);
+  return kubeToolsMissing() ?? helmMissing();
 }
 
 /** helm template's output split into its documents, each with its kind and name. */
@@ -33,10 +30,6 @@ function split(rendered: string): Manifest[] {
     .map((text) => ({ kind: /^kind:\s*(\S+)/m.exec(text)![1]!, name: /^metadata:\s*\n(?:\s+.*\n)*?\s+name:\s*(\S+)/m.exec(text)?.[1] ?? "", text }));
 }
 
-function helmTemplate(values: string[]): Promise<{ stdout: string }> {
-  return run(HELM, ["template", "git-csi", path.join(ROOT, "charts", "git-csi"), "--namespace", NAMESPACE, "--kube-version", kubeVersions().kubernetes, ...values], { maxBuffer: 16 << 20 });
-}
-
 const RBAC_KINDS = new Set(["ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding"]);
 
 const SUITE = "the chart against a real kube-apiserver";
@@ -52,7 +45,7 @@ else
     before(async () => {
       dir = await fs.mkdtemp(path.join(os.tmpdir(), "git-csi-kube-"));
       kube = await startKube(dir);
-      manifests = split((await helmTemplate([])).stdout);
+      manifests = split(await helmTemplate(NAMESPACE));
     });
 
     after(async () => {
@@ -86,7 +79,7 @@ else
 
     test("an upgrade with new csi-frontend and git-worker images renders manifests the server accepts too, the mount-owner DaemonSet unchanged", async () => {
       await kube.kubectl(["get", "namespace", NAMESPACE]).catch(() => kube.kubectl(["create", "namespace", NAMESPACE]));
-      const upgraded = split((await helmTemplate(["--set", "images.csiFrontend.tag=upgrade", "--set", "images.gitWorker.tag=upgrade"])).stdout);
+      const upgraded = split(await helmTemplate(NAMESPACE, ["--set", "images.csiFrontend.tag=upgrade", "--set", "images.gitWorker.tag=upgrade"]));
       const owner = (ms: Manifest[]) => ms.find((m) => m.kind === "DaemonSet" && m.name.endsWith("-mount-owner"))?.text;
       assert.ok(owner(manifests), "the chart renders a mount-owner DaemonSet");
       assert.equal(owner(upgraded), owner(manifests));

@@ -1,19 +1,30 @@
 // The node plugin's /metrics listener against real Prometheus tools: promtool
-// finds nothing to say about what it serves, a real Prometheus scrapes it and
-// answers queries on the volume's series, and `git-csi report` prints the
-// volume's report from the same listener.
+// finds nothing to say about what it serves, git_csi_pending_paths counts the
+// writes that wait for their quiesce, a real Prometheus scrapes it and answers
+// queries on the volume's series, and `git-csi report` prints the volume's
+// report from the same listener.
 import assert from "node:assert/strict";
 import { execFile } from "node:child_process";
-import { existsSync } from "node:fs";
-import * as fs from "node:fs/promises";
 import * as path from "node:path";
 import { after, before, describe, test } from "node:test";
-import { createVolume, type Driver, freePort, metricsText, modifyVolume, type PublishedVolume, report, sh, stageAndPublish, startDriver, unpublishAndUnstage, waitFor } from "../src/driver";
+import {
+  createVolume,
+  type Driver,
+  freePort,
+  metricsText,
+  metricValue,
+  modifyVolume,
+  type PublishedVolume,
+  report,
+  sh,
+  stageAndPublish,
+  startDriver,
+  unpublishAndUnstage,
+  waitFor,
+} from "../src/driver";
 import { type GitServer, startGitDaemon } from "../src/git-server";
-import { until, type Watched, watched } from "../src/kube";
+import { PROMTOOL, prometheusMissing, startPrometheus } from "../src/prometheus";
 
-const PROMETHEUS = "/usr/bin/prometheus";
-const PROMTOOL = "/usr/bin/promtool";
 const CLI = path.join(__dirname, "..", "..", "..", "packages", "cli", "dist", "src", "main.js");
 
 /** A command's exit code and output, whatever the code. */
@@ -30,16 +41,11 @@ function gitCsi(...args: string[]): Promise<{ code: number; stdout: string; stde
   return exec(process.execPath, [CLI, ...args]);
 }
 
-interface Sample {
-  metric: Record<string, string>;
-  value: [number, string];
-}
-
-const missing = [PROMETHEUS, PROMTOOL].filter((f) => !existsSync(f));
+const missing = prometheusMissing();
 
 const SUITE = "the metrics listener with real Prometheus tools, and git-csi report";
 // A missing tool fails: a skipped test has not run.
-if (missing.length) test(SUITE, () => assert.fail(`no ${missing.join(", ")}: Debian's prometheus package ('make apt')`));
+if (missing) test(SUITE, () => assert.fail(missing));
 else
   describe(SUITE, () => {
     let server: GitServer;
@@ -89,6 +95,24 @@ else
       assert.match(human.stdout, /^recent events:\n(?: {2}.*\n)*.*GitVolumePushed/m);
     });
 
+    test("git_csi_pending_paths counts the writes that wait for their quiesce, and is 0 again after the push", async () => {
+      await modifyVolume(driver, volume.volumeId, { "push.quiesce": "5s", "push.maxLatency": "1m" });
+      const pushedBefore = (await report(driver, volume.volumeId)).lastPushUnixMs;
+      await sh(`echo two > '${volume.targetPath}/b.txt' && echo three > '${volume.targetPath}/c.txt'`);
+      await waitFor("git_csi_pending_paths 2 in /metrics", async () => metricValue(await metricsText(driver), "git_csi_pending_paths", volume.volumeId) === 2);
+      const waiting = await report(driver, volume.volumeId);
+      assert.deepEqual(waiting.pendingPaths, ["b.txt", "c.txt"]);
+      assert.ok(
+        waiting.waitingFor.some((w) => w.includes("of quiet before committing 2 path(s)")),
+        waiting.waitingFor.join("; "),
+      );
+      await waitFor("the push of b.txt and c.txt", async () => (await report(driver, volume.volumeId)).lastPushUnixMs > pushedBefore);
+      const text = await metricsText(driver);
+      assert.equal(metricValue(text, "git_csi_pending_paths", volume.volumeId), 0, text);
+      assert.equal(metricValue(text, "git_csi_unpushed_commits", volume.volumeId), 0, text);
+      assert.equal(await server.git("metrics.git", "show", "main:c.txt"), "three");
+    });
+
     test("git-csi report fails clearly for an unknown volume, a silent listener, and no volume", async () => {
       const unknown = await gitCsi("report", "no-such-volume", "--metrics-address", address);
       assert.equal(unknown.code, 1);
@@ -110,38 +134,11 @@ else
     });
 
     test("a real Prometheus scrapes the listener and answers for the volume's claim", async () => {
-      const dir = path.join(driver.dir, "prometheus");
-      await fs.mkdir(dir, { recursive: true });
-      const config = path.join(dir, "prometheus.yml");
-      await fs.writeFile(
-        config,
-        [
-          "global: { scrape_interval: 1s, evaluation_interval: 1s }",
-          "scrape_configs:",
-          "  - job_name: git-csi",
-          "    honor_labels: true",
-          `    static_configs: [{ targets: ["${address}"] }]`,
-          "",
-        ].join("\n"),
-      );
-      const check = await exec(PROMTOOL, ["check", "config", config]);
-      assert.equal(check.code, 0, check.stdout + check.stderr);
-      const web = `127.0.0.1:${await freePort()}`;
-      const prometheus: Watched = await watched(
-        PROMETHEUS,
-        [`--config.file=${config}`, `--storage.tsdb.path=${path.join(dir, "data")}`, `--web.listen-address=${web}`, "--log.level=warn"],
-        path.join(dir, "prometheus.log"),
-      );
+      const prometheus = await startPrometheus(path.join(driver.dir, "prometheus"), [{ job: "git-csi", address }]);
       try {
-        await until("Prometheus is ready", prometheus, async () => (await fetch(`http://${web}/-/ready`)).ok);
-        const query = async (promql: string): Promise<Sample[]> => {
-          const response = await fetch(`http://${web}/api/v1/query?query=${encodeURIComponent(promql)}`);
-          const body = (await response.json()) as { status: string; data: { result: Sample[] }; error?: string };
-          if (body.status !== "success") throw new Error(`${promql}: ${body.error}`);
-          return body.data.result;
-        };
+        const query = prometheus.query;
         const claim = `claim="${volume.volumeId}"`;
-        await until("Prometheus has git_csi_armed of the claim at 1", prometheus, async () => (await query(`git_csi_armed{${claim}}`)).some((s) => s.value[1] === "1"), 60_000);
+        await prometheus.until("Prometheus has git_csi_armed of the claim at 1", async () => (await query(`git_csi_armed{${claim}}`)).some((s) => s.value[1] === "1"), 60_000);
         const abnormal = await query(`git_csi_volume_abnormal{${claim}}`);
         assert.equal(abnormal.length, 1, JSON.stringify(abnormal));
         assert.equal(abnormal[0]!.metric.job, "git-csi");

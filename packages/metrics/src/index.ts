@@ -31,14 +31,14 @@ export class DriverMetrics {
  * The bounded operation label of spec 000: the mount owner's fallbacks and
  * refusals, counted by a fixed set of names so the series never grow.
  */
-const OPERATIONS = ["mount_release_deferred", "stale_epoch_refused", "fuse_resumed", "fuse_resume_epoch_lost"] as const;
+const OPERATIONS = ["mount_release_deferred", "stale_epoch_refused", "mount_renewal_failed", "fuse_resumed", "fuse_resume_epoch_lost"] as const;
 export type Operation = (typeof OPERATIONS)[number];
 
 export class OperationMetrics {
   readonly registry = new Registry();
   private readonly operations = new Counter({
     name: "git_csi_operations_total",
-    help: "Mount owner operations by kind: mount_release_deferred (an unstage left the lease to run out), stale_epoch_refused (a read or write of a mount whose epoch no longer holds the volume), fuse_resumed (a FUSE connection kept across a mount owner restart serves again), fuse_resume_epoch_lost (one whose epoch was lost meanwhile serves only EIO)",
+    help: "Mount owner operations by kind: mount_release_deferred (an unstage left the lease to run out), stale_epoch_refused (a read or write of a mount whose epoch no longer holds the volume), mount_renewal_failed (a volume's renew_mount that failed; the mount serves until its lease ends), fuse_resumed (a FUSE connection kept across a mount owner restart serves again), fuse_resume_epoch_lost (one whose epoch was lost meanwhile serves only EIO)",
     labelNames: ["operation"],
     registers: [this.registry],
   });

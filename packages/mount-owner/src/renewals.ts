@@ -1,4 +1,5 @@
 import type { Logger } from "@git-csi/logging";
+import type { OperationMetrics } from "@git-csi/metrics";
 import { call, type gitWorker } from "@git-csi/protos";
 
 /** A mount session as its renewal sees it. */
@@ -13,6 +14,8 @@ export interface RenewedSession {
 export interface RenewalDeps<S extends RenewedSession> {
   worker: gitWorker.GitWorkerClient;
   logger: Logger;
+  /** Counts each failed renewal: a node whose renewals keep failing is alerted on before its leases end. */
+  metrics: OperationMetrics;
   /** Spec 000's renewal interval: 20 s. */
   intervalMs: number;
   /** The sessions this mount owner holds now, by volume id. */
@@ -62,6 +65,7 @@ async function renewOnce<S extends RenewedSession>(deps: RenewalDeps<S>): Promis
 }
 
 function failed<S extends RenewedSession>(deps: RenewalDeps<S>, volumeId: string, session: S, why: string): void {
+  deps.metrics.count("mount_renewal_failed");
   deps.logger.warn(`renew_mount failed; the mount serves until ${new Date(session.serveUntil).toISOString()} unless a renewal succeeds: ${why}`, {
     volume: volumeId,
     operation: "renew_mount",

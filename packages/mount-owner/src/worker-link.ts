@@ -61,6 +61,7 @@ export class WorkerLink {
     return renewEvery({
       worker: this.worker,
       logger: this.deps.logger,
+      metrics: this.deps.metrics,
       intervalMs: this.deps.lease.renewMs,
       sessions: () => this.sessions.entries(),
       apply: (volumeId, session: LiveSession, lease) => this.sessions.applyLease(volumeId, session, lease),
