@@ -1,7 +1,7 @@
 import assert from "node:assert/strict";
 import { describe, test } from "node:test";
-import { createVolume, type Driver, setVolumeClass, sh, stageAndPublish, unpublishAndUnstage, waitFor } from "../src/driver";
-import { type GitServer, refusePushes } from "../src/git-server";
+import { createVolume, deleteVolume, type Driver, nodeRepo, setVolumeClass, sh, stageAndPublish, unpublishAndUnstage, waitFor } from "../src/driver";
+import { type GitServer, refusePushes, runGit } from "../src/git-server";
 import { withDaemonAndDriver } from "../src/fixtures";
 
 /** The driver's refs under refs/git-csi/ on the remote and on the node, collected once no volume needs them. */
@@ -38,5 +38,26 @@ describe("refs the driver collects", () => {
     } finally {
       await allow();
     }
+  });
+
+  test("DeleteVolume: the collection after the tree's removal deletes the volume's owner ref through another staged volume of the repository, and the node's view of it", async () => {
+    await server.createRepo("shared.git");
+    const url = server.url("shared.git");
+    const keep = await stageAndPublish(driver, await createVolume(driver, "shared-keep", url), undefined, "keep");
+    const gone = await createVolume(driver, "shared-gone", url);
+    // Staged twice: the second claim reads the first one's released record into the node's view.
+    for (const pod of ["gone-1", "gone-2"]) await unpublishAndUnstage(driver, await stageAndPublish(driver, gone, undefined, pod));
+    const gitDir = await nodeRepo(driver, url);
+    const view = "refs/git-csi/upstream/owner/shared-gone";
+    assert.notEqual(await runGit(["--git-dir", gitDir, "for-each-ref", view]), "", "the node has a view of the owner ref");
+
+    await deleteVolume(driver, "shared-gone");
+
+    assert.deepEqual(await remoteRefs("shared.git", "refs/git-csi/owner/"), ["refs/git-csi/owner/shared-keep"], "the live volume's owner ref stays");
+    assert.ok(logged("shared-gone", /^deleted refs\/git-csi\/owner\/shared-gone on the remote: the volume was deleted$/));
+    assert.equal(await runGit(["--git-dir", gitDir, "for-each-ref", view]), "", "the node's view is deleted");
+    assert.ok(logged("shared-gone", /^deleted the node's view refs\/git-csi\/upstream\/owner\/shared-gone/));
+    await unpublishAndUnstage(driver, keep);
+    await deleteVolume(driver, "shared-keep");
   });
 });
