@@ -186,6 +186,7 @@ def check_render(path, service_monitor, sidecars, prometheus_rule):
             expect("metrics" in ports, "git-worker declares a metrics containerPort")
             expect(arg(g, "--metrics-address") == f"0.0.0.0:{ports.get('metrics')}", "git-worker --metrics-address matches its metrics port")
             expect(any(host(v["name"]) == "/var/lib/git-csi" for v in g["volumeMounts"]), "git-worker has the state hostPath")
+            expect(arg(g, "--owner-ref-retention") == "720h", "git-worker collects owner refs after node.ownerRefRetention, 720h by default")
         if "node-driver-registrar" in c:
             expect(arg(c["node-driver-registrar"], "--kubelet-registration-path") == f"/var/lib/kubelet/plugins/{DRIVER}/csi.sock", "registrar registers the kubelet-side socket path")
         for name in ("csi-frontend", "mount-owner"):
@@ -472,6 +473,7 @@ unchanged_by_upgrade() {
 check "an upgrade of csi-frontend and git-worker leaves the mount-owner DaemonSet byte for byte as it was" unchanged_by_upgrade
 check "values.schema.json rejects a registration it does not know" rejects "node.registration=self" --set node.registration=self
 check "values.schema.json rejects node.metricsPort=notanumber" rejects "node.metricsPort=notanumber" --set node.metricsPort=notanumber
+check "values.schema.json rejects an owner ref retention that is no Go duration (30d)" rejects "node.ownerRefRetention=30d" --set node.ownerRefRetention=30d
 check "values.schema.json rejects an unknown value (node.metricPort)" rejects "node.metricPort=9000" --set node.metricPort=9000
 check "values.schema.json rejects a mount-owner update strategy it does not know" rejects "mountOwner.updateStrategy.type=Sometimes" --set mountOwner.updateStrategy.type=Sometimes
 # The driver's three images come from images.registry, the sidecars from their own.

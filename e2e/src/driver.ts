@@ -193,6 +193,11 @@ export async function publish(driver: Driver, volume: PublishedVolume, secrets: 
   );
 }
 
+/** DeleteVolume on the controller, as the external-provisioner sends it for a released volume with reclaim policy Delete. */
+export async function deleteVolume(driver: Driver, volumeId: string): Promise<void> {
+  await call(driver.controller.deleteVolume.bind(driver.controller), csi.DeleteVolumeRequest.fromPartial({ volumeId }), T);
+}
+
 export async function unpublishAndUnstage(driver: Driver, volume: PublishedVolume): Promise<void> {
   await call(driver.node.nodeUnpublishVolume.bind(driver.node), { volumeId: volume.volumeId, targetPath: volume.targetPath }, T);
   await call(driver.node.nodeUnstageVolume.bind(driver.node), { volumeId: volume.volumeId, stagingTargetPath: volume.stagingPath }, T);
@@ -223,6 +228,20 @@ export function freePort(): Promise<number> {
       server.close(() => resolve(port));
     });
   });
+}
+
+/** The git directory of the node's bare repository of a URL: the one whose origin is the URL. */
+export async function nodeRepo(driver: Driver, url: string): Promise<string> {
+  const repos = path.join(driver.stateDir, "repos");
+  for (const name of await fs.readdir(repos)) {
+    const gitDir = path.join(repos, name);
+    const origin = await run("git", ["--git-dir", gitDir, "config", "remote.origin.url"]).then(
+      (r) => r.stdout.trim(),
+      () => "",
+    );
+    if (origin === url) return gitDir;
+  }
+  throw new Error(`the node keeps no repository of ${url}`);
 }
 
 /** The services' log lines about one volume, for a failure's message. */

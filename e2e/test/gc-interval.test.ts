@@ -33,3 +33,19 @@ test("the git worker collects its store on its interval: a bare repository no tr
     await fs.rm(stateDir, { recursive: true, force: true });
   }
 });
+
+test("an owner ref retention that is no duration stops the git worker before it serves, naming the flag", async () => {
+  const stateDir = await fs.mkdtemp(path.join(os.tmpdir(), "git-csi-gc-"));
+  try {
+    const worker = spawn(process.execPath, [WORKER, "--state-dir", stateDir, "--listen", `unix://${path.join(stateDir, "worker.sock")}`, "--owner-ref-retention", "30d"], {
+      stdio: ["ignore", "ignore", "pipe"],
+    });
+    let stderr = "";
+    worker.stderr.on("data", (c: Buffer) => (stderr += c.toString()));
+    const code = await new Promise((r) => worker.once("exit", r));
+    assert.equal(code, 2);
+    assert.match(stderr, /--owner-ref-retention "30d" must be a positive duration/);
+  } finally {
+    await fs.rm(stateDir, { recursive: true, force: true });
+  }
+});

@@ -2,8 +2,7 @@ import assert from "node:assert/strict";
 import * as fs from "node:fs/promises";
 import * as path from "node:path";
 import { describe, test } from "node:test";
-import { call, csi } from "@git-csi/protos";
-import { createVolume, type Driver, report, setVolumeClass, sh, stageAndPublish, unpublishAndUnstage, waitFor } from "../src/driver";
+import { createVolume, deleteVolume, type Driver, nodeRepo, report, setVolumeClass, sh, stageAndPublish, unpublishAndUnstage, waitFor } from "../src/driver";
 import { type GitServer, runGit } from "../src/git-server";
 import { withDaemonAndDriver } from "../src/fixtures";
 
@@ -18,7 +17,6 @@ describe("work trees the node keeps", () => {
     driver = d;
   });
 
-  const deleteVolume = (volumeId: string) => call(driver.controller.deleteVolume.bind(driver.controller), csi.DeleteVolumeRequest.fromPartial({ volumeId }), 60_000);
   const trees = async () => fs.readdir(path.join(driver.stateDir, "trees")).catch(() => [] as string[]);
   const repos = async () => fs.readdir(path.join(driver.stateDir, "repos")).catch(() => [] as string[]);
 
@@ -35,11 +33,11 @@ describe("work trees the node keeps", () => {
     const remoteBefore = await server.git("deleted.git", "for-each-ref");
     assert.ok((await trees()).includes("to-delete"), "unstage keeps the tree");
 
-    await deleteVolume("to-delete");
+    await deleteVolume(driver, "to-delete");
     assert.ok(!(await trees()).includes("to-delete"));
     assert.match(driver.logs(), /removed the work tree [^"]*to-delete; it held 1 commit\(s\) no push sent/);
     assert.equal(await server.git("deleted.git", "for-each-ref"), remoteBefore, "the remote is never deleted or changed");
-    await deleteVolume("to-delete");
+    await deleteVolume(driver, "to-delete");
   });
 
   test("a git worker that is down when the volume is deleted removes its tree when it answers again", async () => {
@@ -49,7 +47,7 @@ describe("work trees the node keeps", () => {
     const worker = await driver.pid("git-worker");
     process.kill(worker, "SIGSTOP");
     try {
-      await deleteVolume("deleted-while-down");
+      await deleteVolume(driver, "deleted-while-down");
       assert.ok((await trees()).includes("deleted-while-down"), "the tree waits for the worker");
       assert.match(driver.logs(), /the tree of deleted volume deleted-while-down stays until the git worker answers/);
     } finally {
@@ -61,10 +59,10 @@ describe("work trees the node keeps", () => {
   test("a staged volume is not deleted", async () => {
     await server.createRepo("busy.git");
     const volume = await stageAndPublish(driver, await createVolume(driver, "busy", server.url("busy.git")));
-    await assert.rejects(deleteVolume("busy"), /volume busy is staged at .*; unstage it before deleting it/);
+    await assert.rejects(deleteVolume(driver, "busy"), /volume busy is staged at .*; unstage it before deleting it/);
     assert.ok((await trees()).includes("busy"));
     await unpublishAndUnstage(driver, volume);
-    await deleteVolume("busy");
+    await deleteVolume(driver, "busy");
   });
 
   test("after each removal: refs no volume follows go, a repository no tree names goes, the rest are collected", async () => {
@@ -72,22 +70,17 @@ describe("work trees the node keeps", () => {
     const a = await stageAndPublish(driver, await createVolume(driver, "two-a", server.url("two.git")), undefined, "two-a");
     const b = await stageAndPublish(driver, await createVolume(driver, "two-b", server.url("two.git")), undefined, "two-b");
     await server.commitFiles("two.git", { "x.txt": "x\n" }, { branch: "other" });
-    const nodeRepo = (
-      await Promise.all(
-        (await repos()).map(async (r) => ((await runGit(["--git-dir", path.join(driver.stateDir, "repos", r), "config", "remote.origin.url"])).trim() === server.url("two.git") ? r : undefined)),
-      )
-    ).find(Boolean)!;
-    const gitDir = path.join(driver.stateDir, "repos", nodeRepo);
+    const gitDir = await nodeRepo(driver, server.url("two.git"));
     // A ref that no volume follows, as a volume of another branch would have left it.
     await runGit(["--git-dir", gitDir, "fetch", "-q", "origin", "+refs/heads/other:refs/git-csi/upstream/heads/other"]);
     await unpublishAndUnstage(driver, a);
     await unpublishAndUnstage(driver, b);
-    await deleteVolume("two-a");
+    await deleteVolume(driver, "two-a");
     const refs = (await runGit(["--git-dir", gitDir, "for-each-ref", "--format=%(refname)", "refs/git-csi/upstream/heads/"])).trim().split("\n");
     assert.deepEqual(refs, ["refs/git-csi/upstream/heads/main"], "only the ref two-b follows stays");
     assert.match(driver.logs(), /"message":"collected [^"]*"/);
-    await deleteVolume("two-b");
-    assert.ok(!(await repos()).includes(nodeRepo), "no tree names the repository any more");
+    await deleteVolume(driver, "two-b");
+    assert.ok(!(await repos()).includes(path.basename(gitDir)), "no tree names the repository any more");
     assert.match(driver.logs(), /removed the bare repository [^"]*: no work tree follows it/);
   });
 });

@@ -1,3 +1,5 @@
+import { parseDuration } from "./duration";
+
 /** One command-line flag of an executable: its name, what it is for, and its default. */
 export interface FlagSpec {
   name: string;
@@ -35,6 +37,13 @@ export function parseFlags(argv: string[], command: string, summary: string, spe
     if (values[s.name] === undefined && s.required) throw new UsageError(`${command}: --${s.name} is required\n${usage}`);
   }
   return values;
+}
+
+/** A flag that holds a positive duration, in milliseconds; anything else is a usage error naming the flag. */
+export function durationFlag(flags: Record<string, string>, name: string): number {
+  const ms = parseDuration(flags[name]!);
+  if (ms === undefined || ms <= 0) throw new UsageError(`--${name} ${JSON.stringify(flags[name])} must be a positive duration such as 90s or 1m30s`);
+  return ms;
 }
 
 /**

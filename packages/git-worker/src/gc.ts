@@ -4,7 +4,9 @@ import { branchOf, orAbsent, sideBranchOf } from "@git-csi/config";
 import type { Logger } from "@git-csi/logging";
 import type { gitcsi, gitWorker } from "@git-csi/protos";
 import { volumeBranchRef } from "./stage";
-import { branchOfRef, exists, type Store, UPSTREAM_PREFIX, upstreamRef } from "./store";
+import type { SimpleGit } from "simple-git";
+import { COLLECTED_OWNERS, type CollectionPolicy, collectRemote, expireDeletions, readDeletions, rememberDeleted } from "./collect-remote";
+import { branchOfRef, exists, type Store, UPSTREAM_METADATA, upstreamOwnerRef, upstreamRef } from "./store";
 import { countCommits, revParse } from "./tree";
 import { runGit } from "./git";
 
@@ -27,13 +29,16 @@ async function keptTrees(store: Store): Promise<Array<{ volumeId: string; source
 }
 
 /**
- * Removes a volume's work tree and everything the node kept for it. The log
- * says whether it held a commit no push sent or a side branch, since those
- * are lost with it; the remote is never touched.
+ * Removes a deleted volume's work tree and everything the node kept for it,
+ * its record of the source last: a removal cut short is done again. The log
+ * says whether the tree held a commit no push sent or a side branch, since
+ * those are lost with it. The remote's data is never touched; the volume's
+ * owner ref there goes at the next collection that reaches the remote.
  */
 export async function removeTree(store: Store, volumeId: string, source: gitcsi.VolumeSource, logger: Logger): Promise<gitWorker.RemoveTreeResponse> {
   const treePath = store.treeDir(volumeId);
-  if (!(await exists(treePath))) return { removed: false, unpushedCommits: 0, hadSideBranch: false };
+  if (!(await exists(treePath)) && !(await exists(store.volumeDir(volumeId)))) return { removed: false, unpushedCommits: 0, hadSideBranch: false };
+  await rememberDeleted(store, volumeId, source.url);
   const repo = store.repo(source.url);
   const branch = branchOfRef(source.ref);
   const side = sideBranchOf(branch, volumeId);
@@ -57,12 +62,14 @@ export async function removeTree(store: Store, volumeId: string, source: gitcsi.
 }
 
 /**
- * The branches a kept tree follows. A source recorded before the node took
- * its ref for no branch (such as "--help") follows none; it never fetched one.
+ * The node's views a kept tree follows: its branch, its side branch and its
+ * owner ref. A source recorded before the node took its ref for no branch
+ * (such as "--help") follows no branch; it never fetched one.
  */
-function followedBranches(tree: { volumeId: string; source: gitcsi.VolumeSource }): string[] {
+function followedViews(tree: { volumeId: string; source: gitcsi.VolumeSource }): string[] {
   const branch = branchOf(tree.source.ref);
-  return branch === undefined ? [] : [branch, sideBranchOf(branch, tree.volumeId)];
+  const branches = branch === undefined ? [] : [branch, sideBranchOf(branch, tree.volumeId)];
+  return [...branches.map(upstreamRef), upstreamOwnerRef(tree.volumeId)];
 }
 
 /**
@@ -74,16 +81,18 @@ function followedBranches(tree: { volumeId: string; source: gitcsi.VolumeSource 
 const PRUNE_AFTER = "1.hour.ago";
 
 /**
- * Spec 004, "Work trees the node keeps": deletes the node's refs under
- * refs/git-csi/ that no volume follows, removes each bare repository that no
- * work tree names, and runs git gc in each one that stays, so the node's
- * store does not grow with every ref a volume ever followed.
+ * Spec 004, "Work trees the node keeps": deletes the driver's refs no volume
+ * needs, on each remote a staged volume reaches (collect-remote.ts) and in
+ * the node's store, removes each bare repository that no work tree names, and
+ * runs git gc in each one that stays, so neither grows with every volume ever
+ * staged.
  */
-export async function collectGarbage(store: Store, logger: Logger, onRepository: <T>(repoDir: string, work: () => Promise<T>) => Promise<T>): Promise<void> {
+export async function collectGarbage(store: Store, logger: Logger, onRepository: <T>(repoDir: string, work: () => Promise<T>) => Promise<T>, policy: CollectionPolicy): Promise<void> {
   const reposDir = path.join(store.stateDir, "repos");
+  const deletions = await readDeletions(store, logger);
   for (const name of (await orAbsent(fs.readdir(reposDir))) ?? []) {
     const repoDir = path.join(reposDir, name);
-    // Under the repository's lock: a stage of a new volume of this URL must not find its repository gone.
+    // Under the repository's lock: a stage of a new volume of this URL must not find its repository gone, and no push of it is half done.
     await onRepository(repoDir, async () => {
       const users = (await keptTrees(store)).filter((t) => store.repoDir(t.source.url) === repoDir);
       if (users.length === 0) {
@@ -91,14 +100,33 @@ export async function collectGarbage(store: Store, logger: Logger, onRepository:
         logger.info(`removed the bare repository ${repoDir}: no work tree follows it`, { operation: "gc" });
         return;
       }
-      const repo = store.repo(users[0]!.source.url);
-      const followed = new Set(users.flatMap(followedBranches).map(upstreamRef));
-      const refs = (await runGit(repo, ["for-each-ref", "--format=%(refname)", `${UPSTREAM_PREFIX}heads/`])).split("\n").filter(Boolean);
-      const stale = refs.filter((r) => !followed.has(r));
-      for (const ref of stale) await runGit(repo, ["update-ref", "-d", ref]);
-      await runGit(repo, ["worktree", "prune"]);
-      await runGit(repo, ["gc", "--quiet", `--prune=${PRUNE_AFTER}`]);
-      logger.info(`collected ${repoDir}`, { operation: "gc", staleRefs: stale.length, trees: users.length });
+      const url = users[0]!.source.url;
+      await collectRemote(store, url, policy, deletions, logger);
+      const stale = await deleteStaleViews(store.repo(url), new Set(users.flatMap(followedViews)), logger);
+      await runGit(store.repo(url), ["worktree", "prune"]);
+      await runGit(store.repo(url), ["gc", "--quiet", `--prune=${PRUNE_AFTER}`]);
+      logger.info(`collected ${repoDir}`, { operation: "gc", staleViews: stale, trees: users.length });
     });
   }
+  await expireDeletions(store, deletions, Date.now(), policy.ownerRefRetentionMs);
+}
+
+/**
+ * Deletes the node's refs under refs/git-csi/ that no kept tree follows: the
+ * views of removed volumes and of branches no volume follows any more, and
+ * what the remote's collection fetched. The view of refs/git-csi/metadata
+ * stays while any tree does. Answers how many views went.
+ */
+async function deleteStaleViews(repo: SimpleGit, followed: Set<string>, logger: Logger): Promise<number> {
+  const refs = (await runGit(repo, ["for-each-ref", "--format=%(refname)", "refs/git-csi/"])).split("\n").filter(Boolean);
+  let views = 0;
+  for (const ref of refs.filter((r) => !followed.has(r) && !r.startsWith(UPSTREAM_METADATA))) {
+    await runGit(repo, ["update-ref", "-d", ref]);
+    // What the remote's collection fetched goes every time: only a view's deletion is news.
+    if (ref.startsWith(COLLECTED_OWNERS)) continue;
+    views++;
+    const volumeId = ref.startsWith(upstreamOwnerRef("")) ? ref.slice(upstreamOwnerRef("").length) : undefined;
+    logger.info(`deleted the node's view ${ref}: no kept tree follows it`, { volume: volumeId, operation: "gc", ref });
+  }
+  return views;
 }

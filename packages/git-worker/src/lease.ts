@@ -19,7 +19,7 @@ import * as fs from "node:fs/promises";
 import * as os from "node:os";
 import * as path from "node:path";
 import { writeObjects } from "./metadata-plumbing";
-import { type Fence, fetchOwner, type PushResult, pushUpdates, type RefChange, RemoteError, stageObjects } from "./remote";
+import { type Fence, fetchOwner, type PushResult, pushUpdates, type ReadRef, type RefChange, RemoteError, stageObjects } from "./remote";
 import { ownerRef } from "./store";
 import { runGit } from "./git";
 
@@ -70,6 +70,8 @@ export class MountLease {
   private lost?: string;
   private lostRefusal = gitWorker.LeaseRefusal.LEASE_REFUSAL_NONE;
   private chain: Promise<unknown> = Promise.resolve();
+  /** Staging refs the objects went ahead to that no landed push deleted yet, ref → the commit sent there. */
+  private readonly sentAhead = new Map<string, string>();
 
   constructor(
     readonly holder: Holder,
@@ -132,6 +134,7 @@ export class MountLease {
     if (this.lost) throw new LeaseLost(this.lost);
     const staged = await remote((repo) => stageObjects(repo, this.holder.volumeId, sends));
     if (!Array.isArray(staged)) return staged;
+    for (const s of staged) this.sentAhead.set(s.ref, s.expected);
     return this.step(async () => {
       if (this.lost) throw new LeaseLost(this.lost);
       const decision = decideRenew(this.record, this.holder, Date.now());
@@ -140,6 +143,7 @@ export class MountLease {
       const result = await push([{ ref: ownerRef(this.holder.volumeId), expected: this.oid, next }, ...staged]);
       if (result.outcome === "pushed") {
         this.took(next, decision.write);
+        for (const s of staged) this.sentAhead.delete(s.ref);
       } else if (result.outcome === "rejected") {
         // The data ref moved, or the owner ref did: only the latter loses the volume.
         await this.read(remote);
@@ -148,6 +152,17 @@ export class MountLease {
       }
       return result;
     });
+  }
+
+  /**
+   * The staging refs no landed push deleted, forgotten here: a push that is
+   * over deletes them itself, since a later push may send too little to
+   * stage and so never replace them.
+   */
+  takeSentAhead(): ReadRef[] {
+    const refs = [...this.sentAhead].map(([ref, expected]) => ({ ref, expected }));
+    this.sentAhead.clear();
+    return refs;
   }
 
   /** True once a claim reached the owner ref (a restarted worker without its Secret has not). */

@@ -1,6 +1,6 @@
 #!/usr/bin/env node
 import type * as http from "node:http";
-import { KeyedSerial, parseDuration, parseFlags, runMain, UsageError } from "@git-csi/config";
+import { durationFlag, KeyedSerial, parseFlags, runMain } from "@git-csi/config";
 import { EventRecorder, kubeConfigIfAny } from "@git-csi/k8s";
 import { createLogger, type Logger, logLifecycle } from "@git-csi/logging";
 import { DriverMetrics, serveMetrics } from "@git-csi/metrics";
@@ -9,21 +9,31 @@ import * as path from "node:path";
 import { endOrphanedAgents } from "./access";
 import { recoverFromKill } from "./recover";
 import { CredentialBroker } from "./broker";
+import type { CollectionPolicy } from "./collect-remote";
 import { collectGarbage } from "./gc";
 import { gitWorkerService, type Syncs } from "./service";
 import { Store } from "./store";
 import { checkRelay, logGitTo } from "./git";
 
 /** One collection at a time; a failure is logged and the next one tries again. */
-function serialCollector(store: Store, logger: Logger, perRepository: KeyedSerial): () => Promise<void> {
+function serialCollector(store: Store, logger: Logger, perRepository: KeyedSerial, policy: CollectionPolicy): () => Promise<void> {
   let running: Promise<void> = Promise.resolve();
   return () => {
     running = running
-      .then(() => collectGarbage(store, logger, (repoDir, work) => perRepository.run(repoDir, work)))
+      .then(() => collectGarbage(store, logger, (repoDir, work) => perRepository.run(repoDir, work), policy))
       .catch((err: Error) => {
         logger.error(`collecting the git store failed: ${err.message}`, { operation: "gc" });
       });
     return running;
+  };
+}
+
+/** A URL's remote as the collection reaches it: through a volume of it staged here with its credential. */
+function reachThrough(syncs: Syncs): CollectionPolicy["reach"] {
+  return (url) => {
+    const staged = [...syncs.values()].map((s) => s.collectionMember()).filter((m) => m.url === url);
+    const remote = staged.find((m) => m.remote)?.remote;
+    return remote && { remote, served: new Map(staged.map((m) => [m.volumeId, m.epoch])) };
   };
 }
 
@@ -45,7 +55,16 @@ async function main(): Promise<void> {
       help: "unix socket of the mount owner, asked to sync a volume's mount before its tree moves; empty: unix://<state-dir>/sockets/mount-owner.sock",
       default: "",
     },
-    { name: "gc-interval", help: "how often to collect the node's git store: refs no volume follows, repositories no tree names, git gc", default: "1h" },
+    {
+      name: "gc-interval",
+      help: "how often to collect the driver's refs no volume needs (on the node and on each remote a staged volume reaches), repositories no tree names, and git gc",
+      default: "1h",
+    },
+    {
+      name: "owner-ref-retention",
+      help: "how long a volume's owner ref stays on the remote once no mount epoch holds it (released, or its lease ran out); a deleted volume's goes at the next collection",
+      default: "720h",
+    },
     { name: "metrics-address", help: "host:port of the /metrics listener and the per-volume reports at /volumes/<volume>; empty for none", default: "" },
     { name: "node-id", help: "this node's name, the reporting instance of its events", default: process.env.NODE_NAME ?? "" },
     {
@@ -74,11 +93,9 @@ async function main(): Promise<void> {
   const perRepository = new KeyedSerial();
   const kubeConfig = await kubeConfigIfAny(flags.kubeconfig!);
   const events = kubeConfig ? new EventRecorder({ kubeConfig, nodeId: flags["node-id"]!, logger }) : undefined;
-  const collect = serialCollector(store, logger, perRepository);
+  const collect = serialCollector(store, logger, perRepository, { reach: reachThrough(syncs), ownerRefRetentionMs: durationFlag(flags, "owner-ref-retention") });
   const syncMount = mountSyncer(flags["mount-owner"] || `unix://${path.join(store.socketDir(), "mount-owner.sock")}`);
-  const gcIntervalMs = parseDuration(flags["gc-interval"]!);
-  if (gcIntervalMs === undefined) throw new UsageError(`git-worker: --gc-interval ${flags["gc-interval"]} must be a duration such as 1h`);
-  const gcTimer = setInterval(() => void collect(), gcIntervalMs);
+  const gcTimer = setInterval(() => void collect(), durationFlag(flags, "gc-interval"));
   const server = await serveUnix(flags.listen!, [
     { definition: gitWorker.GitWorkerService, implementation: gitWorkerService({ store, syncs, broker, metrics, logger, perRepository, collect, events, syncMount }) },
   ]);

@@ -46,7 +46,7 @@ function leaseFor(holder: Holder, time: number): OwnerRecord {
 }
 
 /** Whether the record's epoch owns the volume at time t. */
-function isActive(record: OwnerRecord | undefined, t: number): record is OwnerRecord {
+export function isActive(record: OwnerRecord | undefined, t: number): boolean {
   return record !== undefined && !record.released && t < record.expires;
 }
 
@@ -83,6 +83,16 @@ export function decideRelease(current: OwnerRecord | undefined, epoch: string, n
   if (!current || current.epoch !== epoch || current.released) return { keep: current };
   const t = recordTime(current, now);
   return { write: { ...current, time: t, expires: t, released: true } };
+}
+
+/**
+ * Whether an owner record is past the retention: no epoch held the volume
+ * for that long. A released record expires at its release; an unreleased
+ * one at the end of the lease its epoch last renewed, which a live epoch
+ * keeps ahead of every synchronized clock, so its record is never past.
+ */
+export function pastRetention(record: OwnerRecord, now: number, retentionMs: number): boolean {
+  return now >= record.expires + retentionMs;
 }
 
 /**

@@ -3,7 +3,7 @@ import { METADATA_REF, Reason } from "@git-csi/config";
 import type { Committed } from "./commit";
 import { recordMetadata } from "./metadata-record";
 import { afterPush, commitsToPush, REBASE_ATTEMPTS, somethingToPush, type SyncOutcome, withoutCredential } from "./push-decisions";
-import { branchChange, metadataChange, pushChanges, RemoteError, STAGE_BYTES } from "./remote";
+import { branchChange, deleteRefs, metadataChange, pushChanges, RemoteError, STAGE_BYTES } from "./remote";
 import type { VolumeReporter } from "./report";
 import type { SyncScheduler } from "./schedule";
 import { UPSTREAM_METADATA } from "./store";
@@ -33,10 +33,27 @@ export class VolumePush {
   async push(trigger: string, head?: Committed): Promise<SyncOutcome> {
     try {
       // A whole push, fetch and rebase included, holds the URL's repository: volumes of one URL take turns.
-      return await this.s.ctx.onRepository(() => this.pushOnce(trigger, head));
+      return await this.s.ctx.onRepository(() => this.pushOnce(trigger, head).finally(() => this.deleteSentAhead()));
     } catch (err) {
       if (err instanceof RemoteError) return this.pushFailed(err.message);
       throw err;
+    }
+  }
+
+  /**
+   * The push is over, landed or not: the staging refs it sent objects ahead
+   * to and no landed push deleted go now, each a compare-and-swap from what
+   * it sent. One the remote keeps (it did not answer) waits for the collection.
+   */
+  private async deleteSentAhead(): Promise<void> {
+    const left = this.s.lease.takeSentAhead();
+    if (left.length === 0) return;
+    try {
+      const { deleted, kept } = await this.s.remote((repo) => deleteRefs(repo, left));
+      for (const ref of deleted) this.s.log("info", `deleted ${ref}: the push it held objects for is over`, "gc", { ref });
+      if (kept.length > 0) this.s.log("warn", `kept ${kept.join(", ")}: they moved since this push sent them`, "gc", { refs: kept });
+    } catch (err) {
+      this.s.log("warn", `the staging refs ${left.map((r) => r.ref).join(", ")} stay on the remote until the next collection: ${(err as Error).message}`, "gc");
     }
   }
 

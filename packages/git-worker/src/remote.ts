@@ -125,6 +125,30 @@ export async function pushUpdates(repo: SimpleGit, updates: RefUpdate[]): Promis
   return { outcome: "pushed" };
 }
 
+/** A ref as last read on the remote: its deletion is a compare-and-swap from that oid. */
+export interface ReadRef {
+  ref: string;
+  expected: string;
+}
+
+/** A line of `git push --porcelain`: flag, `from:to`, summary; "-" is a deleted ref. */
+const PORCELAIN_LINE = /^(.)\t[^\t]*:(refs\/[^\t]+)\t/gm;
+
+/**
+ * Deletes refs in one push, each its own compare-and-swap and none bound to
+ * another (not atomic): a ref that moved since it was read stays, the others
+ * go. Answers the refs deleted and the refs kept; throws RemoteError when the
+ * push failed as a whole (the remote did not answer, or refused the credential).
+ */
+export async function deleteRefs(repo: SimpleGit, refs: ReadRef[]): Promise<{ deleted: string[]; kept: string[] }> {
+  const leases = refs.map((r) => `--force-with-lease=${r.ref}:${r.expected}`);
+  // A push that kept some refs fails, and git's words then hold the porcelain lines.
+  const report = await runGit(repo, ["push", "--porcelain", ...leases, "origin", ...refs.map((r) => `:${r.ref}`)]).catch((err: unknown) => gitMessage(err));
+  const outcomes = new Map([...report.matchAll(PORCELAIN_LINE)].map((m) => [m[2]!, m[1] === "-"]));
+  if (outcomes.size === 0) throw new RemoteError(`deleting ${refs.length} ref(s) failed: ${report.trim()}`);
+  return { deleted: refs.filter((r) => outcomes.get(r.ref) === true).map((r) => r.ref), kept: refs.filter((r) => outcomes.get(r.ref) !== true).map((r) => r.ref) };
+}
+
 /**
  * A commit for a ref, pushed as a compare-and-swap from `seen`: the node's
  * ref holding its last view of `ref`. `base`, when given, is what the

@@ -4,7 +4,7 @@ import watcher from "@parcel/watcher";
 import { formatDuration, orAbsent, parseClassParameters, Reason } from "@git-csi/config";
 import type { gitcsi, gitWorker } from "@git-csi/protos";
 import { VolumeCommitter } from "./commit";
-import type { MountLease } from "./lease";
+import type { MountLease, OnRemote } from "./lease";
 import { VolumeCredential } from "./publish-credential";
 import { VolumePush } from "./push";
 import { POD_STOPPED, type SyncOutcome } from "./push-decisions";
@@ -82,6 +82,12 @@ export class VolumeSync {
       local: () => s.repo,
       renewed: () => this.watchLease(),
     };
+  }
+
+  /** How the collection reaches the volume's remote with its credential (none while it waits for one), and the epoch it serves. */
+  collectionMember(): { url: string; volumeId: string; epoch: string; remote?: OnRemote } {
+    const s = this.s;
+    return { url: s.ctx.source.url, volumeId: s.volumeId, epoch: this.epoch, remote: s.waitingForCredential ? undefined : (operation) => s.remote(operation) };
   }
 
   /** The abnormal gauge turns when the lease runs out or is lost, even if nothing else happens to the volume then. */

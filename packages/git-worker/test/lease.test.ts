@@ -1,19 +1,18 @@
 import assert from "node:assert/strict";
 import * as crypto from "node:crypto";
 import * as fs from "node:fs/promises";
-import * as os from "node:os";
 import * as path from "node:path";
 import { test, type TestContext } from "node:test";
 import { gitWorker } from "@git-csi/protos";
 import { RemoteAccess } from "../src/access";
 import { CredentialBroker } from "../src/broker";
 import { LeaseLost, MountLease, type OnRemote } from "../src/lease";
-import { formatRecord, type Holder, type OwnerRecord, parseRecord } from "../src/ownership";
+import { type Holder, type OwnerRecord, parseRecord } from "../src/ownership";
 import { branchChange, type Fence, fetchBranch, pushCommit, type PushResult, STAGE_BYTES, stagingRef } from "../src/remote";
 import { renewTogether } from "../src/renewal";
 import { prepareTree } from "../src/stage";
 import { ownerRef, Store } from "../src/store";
-import { AUTHOR, gitAt, type ServedRemote, servedRemote, tempDir } from "./remote";
+import { AUTHOR, recordCommit, type ServedRemote, servedRemote, tempDir } from "./remote";
 
 /**
  * MountLease against a real remote: a bare repository served by git daemon
@@ -106,12 +105,6 @@ async function stagedNode(t: TestContext, name: string, remote: Remote): Promise
 
 function holder(node: string, epoch: string, continues = false): Holder {
   return { volumeId: VOLUME, node, epoch, accessMode: "ReadWriteOnce", leaseMs: LEASE_MS, continues };
-}
-
-/** An owner record commit in a repository, as MountLease writes one. */
-function recordCommit(gitDir: string, record: OwnerRecord): string {
-  const git = gitAt(gitDir, os.tmpdir());
-  return git("commit-tree", git("hash-object", "-t", "tree", "-w", "/dev/null"), "-m", formatRecord(record));
 }
 
 /** A record commit written straight into the remote: another node's claim this node has not seen. */

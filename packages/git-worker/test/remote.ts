@@ -4,6 +4,13 @@ import * as net from "node:net";
 import * as os from "node:os";
 import * as path from "node:path";
 import type { TestContext } from "node:test";
+import { RemoteAccess } from "../src/access";
+import { CredentialBroker } from "../src/broker";
+import { rememberSource } from "../src/gc";
+import type { OnRemote } from "../src/lease";
+import { formatRecord, type OwnerRecord } from "../src/ownership";
+import { prepareTree } from "../src/stage";
+import { Store } from "../src/store";
 
 export const AUTHOR = { GIT_AUTHOR_NAME: "app", GIT_AUTHOR_EMAIL: "app@localhost", GIT_COMMITTER_NAME: "app", GIT_COMMITTER_EMAIL: "app@localhost" };
 
@@ -90,4 +97,37 @@ export async function servedRemote(t: TestContext): Promise<ServedRemote> {
   git("update-ref", "refs/heads/main", git("commit-tree", tree, "-m", "first"));
   const url = (await serveGitDaemon(t, base))("remote.git");
   return { dir, url, git };
+}
+
+/** A node's git store with one volume staged from a forge: its state directory holds that volume's repository. */
+export interface StagedNode {
+  store: Store;
+  access: RemoteAccess;
+  remote: ServedRemote;
+  /** A git command against the remote, as the worker runs it for the volume. */
+  onRemote: OnRemote;
+}
+
+/** Stages a volume as the worker's prepare_tree does: the source first, then the tree. A new forge unless one is given. */
+export async function stagedNode(t: TestContext, volumeId: string, served?: ServedRemote): Promise<StagedNode> {
+  const remote = served ?? (await servedRemote(t));
+  const stateDir = await tempDir(t, "node");
+  const store = new Store(stateDir);
+  const access = await RemoteAccess.open(undefined, store.volumeDir(volumeId), store.socketDir(), new CredentialBroker(path.join(stateDir, "broker.sock")));
+  t.after(() => access.close());
+  await stageAnother(store, access, remote.url, volumeId);
+  return { store, access, remote, onRemote: (operation) => access.run((options) => operation(store.repo(remote.url, options))) };
+}
+
+/** One more volume of the URL staged on the node. */
+export async function stageAnother(store: Store, access: RemoteAccess, url: string, volumeId: string): Promise<void> {
+  const source = { url, ref: "main" };
+  await rememberSource(store, volumeId, source);
+  await prepareTree(store, volumeId, source, access, false);
+}
+
+/** An owner record commit in a repository, as MountLease writes one. */
+export function recordCommit(gitDir: string, record: OwnerRecord): string {
+  const git = gitAt(gitDir, os.tmpdir());
+  return git("commit-tree", git("hash-object", "-t", "tree", "-w", "/dev/null"), "-m", formatRecord(record));
 }

@@ -4,46 +4,23 @@ import * as fsSync from "node:fs";
 import * as fs from "node:fs/promises";
 import * as path from "node:path";
 import { setTimeout as sleep } from "node:timers/promises";
-import { test, type TestContext } from "node:test";
+import { test } from "node:test";
 import { createLogger } from "@git-csi/logging";
-import { RemoteAccess } from "../src/access";
-import { CredentialBroker } from "../src/broker";
 import { collectGarbage, rememberSource } from "../src/gc";
 import { writeRecords } from "../src/lease";
 import { GitCommandError, gitIn, runGit, TCP_RELAY } from "../src/git";
 import { fetchBranch, pushUpdates } from "../src/remote";
-import { prepareTree } from "../src/stage";
-import { exists, Store, upstreamRef } from "../src/store";
+import { exists, upstreamRef } from "../src/store";
 import type { RemoteOptions } from "../src/access";
 import { revParse } from "../src/tree";
-import { freePort, gitAt, type ServedRemote, servedRemote, silentServer, tempDir } from "./remote";
+import { freePort, gitAt, silentServer, stagedNode, tempDir } from "./remote";
 
 const VOLUME = "pvc-transports";
-
-interface StagedNode {
-  store: Store;
-  access: RemoteAccess;
-  remote: ServedRemote;
-}
-
-/** A node's git store with one volume staged from a forge: its state directory holds that volume's repository. */
-async function stagedNode(t: TestContext): Promise<StagedNode> {
-  const remote = await servedRemote(t);
-  const stateDir = await tempDir(t, "node");
-  const store = new Store(stateDir);
-  const access = await RemoteAccess.open(undefined, store.volumeDir(VOLUME), store.socketDir(), new CredentialBroker(path.join(stateDir, "broker.sock")));
-  t.after(() => access.close());
-  // As the worker's prepare_tree does: the source first, then the tree.
-  const source = { url: remote.url, ref: "main" };
-  await rememberSource(store, VOLUME, source);
-  await prepareTree(store, VOLUME, source, access, false);
-  return { store, access, remote };
-}
 
 const REFUSED_TRANSPORT = /transport '(file|ext|nohelper)' not allowed/;
 
 test("git itself refuses a local path, file:// and helper transports in every git command the worker runs", async (t) => {
-  const { store, access, remote } = await stagedNode(t);
+  const { store, access, remote } = await stagedNode(t, VOLUME);
   // What a volume of another tenant would name to read this one's repository, and the forge's own disk.
   const neighbour = store.repoDir(remote.url);
   const marker = path.join(store.stateDir, "ext-ran");
@@ -88,15 +65,15 @@ test("git itself refuses a local path, file:// and helper transports in every gi
 });
 
 test("the store's collection passes over a source recorded before its ref was refused as a branch name", async (t) => {
-  const { store, remote } = await stagedNode(t);
+  const { store, remote } = await stagedNode(t, VOLUME);
   // A node that took "--help" for a branch remembered the source of the stage that tried it.
   await rememberSource(store, "pvc-old", { url: remote.url, ref: "--help" });
-  await collectGarbage(store, createLogger("git-worker", "error"), (_repoDir, work) => work());
+  await collectGarbage(store, createLogger("git-worker", "error"), (_repoDir, work) => work(), { reach: () => undefined, ownerRefRetentionMs: 3_600_000 });
   assert.notEqual(await revParse(store.repo(remote.url), upstreamRef("main")), "", "the staged volume's branch was collected");
 });
 
 test("the store's collection deletes owner records a renewal replaced an hour ago, and keeps newer ones", async (t) => {
-  const { store, remote } = await stagedNode(t);
+  const { store, remote } = await stagedNode(t, VOLUME);
   const repo = store.repo(remote.url);
   const record = (time: number) => ({ volumeId: VOLUME, node: "node-a", epoch: "e1", accessMode: "ReadWriteOnce" as const, time, expires: time + 90_000, released: false });
   const [replaced, recent] = await writeRecords(repo, [record(Date.now() - 7_200_000), record(Date.now())]);
@@ -104,7 +81,7 @@ test("the store's collection deletes owner records a renewal replaced an hour ag
   const loose = path.join(store.repoDir(remote.url), "objects", replaced!.slice(0, 2), replaced!.slice(2));
   const twoHoursAgo = new Date(Date.now() - 7_200_000);
   await fs.utimes(loose, twoHoursAgo, twoHoursAgo);
-  await collectGarbage(store, createLogger("git-worker", "error"), (_repoDir, work) => work());
+  await collectGarbage(store, createLogger("git-worker", "error"), (_repoDir, work) => work(), { reach: () => undefined, ownerRefRetentionMs: 3_600_000 });
   assert.equal(await revParse(repo, replaced!), "", "the record replaced two hours ago is still in the node's repository");
   assert.equal(await revParse(repo, recent!), recent, "a record written now was deleted");
 });
@@ -119,7 +96,7 @@ function bigCommit(git: (...args: string[]) => string, gitDir: string, bytes: nu
 }
 
 test("git:// goes through the worker's relay, which carries megabytes both ways and names a remote it cannot reach", async (t) => {
-  const { store, access, remote } = await stagedNode(t);
+  const { store, access, remote } = await stagedNode(t, VOLUME);
   const trace = path.join(store.stateDir, "trace");
   // GIT_TRACE to a file: git logs every command it runs, the relay too.
   const traced = (options: RemoteOptions) => ({ ...options, env: { ...options.env, GIT_TRACE: trace } });

@@ -1,5 +1,5 @@
 #!/usr/bin/env node
-import { parseDuration, parseFlags, runMain, UsageError } from "@git-csi/config";
+import { durationFlag, parseFlags, runMain, UsageError } from "@git-csi/config";
 import { ClassWatch, kubeConfigIfAny } from "@git-csi/k8s";
 import { createLogger, type Logger, logLifecycle } from "@git-csi/logging";
 import { OperationMetrics, serveMetrics } from "@git-csi/metrics";
@@ -104,12 +104,6 @@ async function main(): Promise<void> {
     handover?.handOff();
   });
   logger.info("started", { operation: "startup", listen: flags.listen, stateDir: flags["state-dir"], node: flags["node-id"] });
-}
-
-function durationFlag(flags: Record<string, string>, name: string): number {
-  const ms = parseDuration(flags[name]!);
-  if (ms === undefined || ms <= 0) throw new UsageError(`--${name} ${JSON.stringify(flags[name])} must be a positive duration such as 90s or 1m30s`);
-  return ms;
 }
 
 runMain("mount-owner", main);

@@ -1,0 +1,209 @@
+import * as fs from "node:fs/promises";
+import * as path from "node:path";
+import { formatDuration, orAbsent } from "@git-csi/config";
+import type { Logger } from "@git-csi/logging";
+import type { SimpleGit } from "simple-git";
+import type { OnRemote } from "./lease";
+import { isActive, type OwnerRecord, parseRecord, pastRetention, RecordError } from "./ownership";
+import { deleteRefs, type ReadRef, RemoteError } from "./remote";
+import { ownerRef, type Store } from "./store";
+import { gitMessage, runGit } from "./git";
+
+/**
+ * The remote's side of the collection: the driver's refs on a remote that no
+ * epoch needs any more. Staging refs a push left, and owner refs of volumes
+ * deleted, or released and not staged again for a retention. Every deletion
+ * is a compare-and-swap from the oid read, so a claim or a push that races
+ * in keeps its ref.
+ */
+
+/** How the collection reaches a URL's remote: with the credential of a volume staged here, the only credential the node holds. */
+export interface RemoteReach {
+  remote: OnRemote;
+  /** The mount epoch of each volume of the URL this worker serves: their pushes wait while the collection holds the repository. */
+  served: Map<string, string>;
+}
+
+export interface CollectionPolicy {
+  /** The remote of a URL, when a volume of it is staged here with its credential. */
+  reach(url: string): RemoteReach | undefined;
+  /** How long an owner ref stays once no epoch holds it (the chart's node.ownerRefRetention). */
+  ownerRefRetentionMs: number;
+}
+
+/** What the remote holds of one volume: its owner ref with the record it read (none when it is not one), its staging refs. */
+interface RemoteVolume {
+  owner?: ReadRef & { record?: OwnerRecord };
+  staging: ReadRef[];
+}
+
+/** A ref the collection deletes, and why, for the log. */
+interface Doomed extends ReadRef {
+  volumeId: string;
+  why: string;
+}
+
+interface CollectionRules {
+  now: number;
+  retentionMs: number;
+  served: Map<string, string>;
+  /** Volumes whose tree this node removed (DeleteVolume), and when. */
+  deleted: Map<string, number>;
+}
+
+/**
+ * The refs to delete. A volume whose owner ref holds no record the worker can
+ * read keeps everything: the ref is not the driver's. Staging refs go unless
+ * the record names a live epoch this worker does not serve (only that epoch's
+ * push could still use them). An owner ref goes once no epoch holds it, when
+ * the volume was deleted before its record was written or when the record is
+ * past the retention: never while an epoch holds it.
+ */
+function refsToCollect(volumes: Map<string, RemoteVolume>, rules: CollectionRules): Doomed[] {
+  const doomed: Doomed[] = [];
+  for (const [volumeId, { owner, staging }] of volumes) {
+    const record = owner?.record;
+    if (owner && !record) continue;
+    const held = record !== undefined && isActive(record, rules.now);
+    if (!held || rules.served.get(volumeId) === record?.epoch) {
+      doomed.push(...staging.map((s) => ({ ...s, volumeId, why: "no push uses it: its push is over, or was cut short" })));
+    }
+    if (owner === undefined || record === undefined || held) continue;
+    const deletedAt = rules.deleted.get(volumeId);
+    if (deletedAt !== undefined && record.time <= deletedAt) doomed.push({ ...owner, volumeId, why: "the volume was deleted" });
+    else if (pastRetention(record, rules.now, rules.retentionMs)) {
+      doomed.push({ ...owner, volumeId, why: `no mount epoch held the volume for ${formatDuration(rules.retentionMs)}` });
+    }
+  }
+  return doomed;
+}
+
+const OWNER_PREFIX = ownerRef("");
+const STAGING = /^refs\/git-csi\/staging\/([^/]+)\/\d+$/;
+/** Where the collection fetches the owner refs to read their records; the node's collection deletes them after. */
+export const COLLECTED_OWNERS = "refs/git-csi/collect/owner/";
+
+/** The driver's volumes on the remote: one fetch of every owner ref, one listing of the staging refs. */
+async function readRemoteVolumes(repo: SimpleGit): Promise<Map<string, RemoteVolume>> {
+  const volumes = new Map<string, RemoteVolume>();
+  const volume = (id: string) => volumes.get(id) ?? volumes.set(id, { staging: [] }).get(id)!;
+  try {
+    await runGit(repo, ["fetch", "--quiet", "--prune", "--no-tags", "--no-write-fetch-head", "origin", `+${OWNER_PREFIX}*:${COLLECTED_OWNERS}*`]);
+    for (const line of (await runGit(repo, ["ls-remote", "origin", "refs/git-csi/staging/*"])).split("\n")) {
+      const [oid, ref] = line.split("\t");
+      const id = ref && STAGING.exec(ref)?.[1];
+      if (id) volume(id).staging.push({ ref, expected: oid! });
+    }
+  } catch (err) {
+    throw new RemoteError(`reading the driver's refs failed: ${gitMessage(err)}`);
+  }
+  const listed = await runGit(repo, ["for-each-ref", "--format=%(objectname) %(refname)%00%(contents)%00", COLLECTED_OWNERS]);
+  for (const entry of listed.split("\0\n").filter(Boolean)) {
+    const [head, message] = entry.split("\0") as [string, string];
+    const [oid, local] = head.split(" ") as [string, string];
+    const id = local.slice(COLLECTED_OWNERS.length);
+    volume(id).owner = { ref: ownerRef(id), expected: oid, record: recordOrNone(message) };
+  }
+  return volumes;
+}
+
+function recordOrNone(message: string): OwnerRecord | undefined {
+  try {
+    return parseRecord(message);
+  } catch (err) {
+    if (err instanceof RecordError) return undefined;
+    throw err;
+  }
+}
+
+/**
+ * Collects the driver's refs on one URL's remote, when a volume staged here
+ * reaches it; each deletion is logged. A remote that does not answer is
+ * logged, and the next collection tries again.
+ */
+export async function collectRemote(store: Store, url: string, policy: CollectionPolicy, deletions: Deletions, logger: Logger): Promise<void> {
+  const reach = policy.reach(url);
+  if (!reach) return;
+  const deleted = new Map([...deletions].filter(([, d]) => d.url === url).map(([id, d]) => [id, d.deletedAt]));
+  try {
+    const volumes = await reach.remote((repo) => readRemoteVolumes(repo));
+    for (const [volumeId, v] of volumes) {
+      if (v.owner && !v.owner.record) logger.warn(`${v.owner.ref} on the remote holds no owner record; the collection leaves the volume's refs`, { volume: volumeId, operation: "gc" });
+    }
+    const doomed = refsToCollect(volumes, { now: Date.now(), retentionMs: policy.ownerRefRetentionMs, served: reach.served, deleted });
+    const outcome = doomed.length === 0 ? { deleted: [], kept: [] } : await reach.remote((repo) => deleteRefs(repo, doomed));
+    for (const d of doomed) {
+      const gone = outcome.deleted.includes(d.ref);
+      logger.log(gone ? "info" : "warn", gone ? `deleted ${d.ref} on the remote: ${d.why}` : `kept ${d.ref}: it moved since the collection read it`, {
+        volume: d.volumeId,
+        operation: "gc",
+        ref: d.ref,
+      });
+    }
+    for (const volumeId of deleted.keys()) if (settled(volumes.get(volumeId), deleted.get(volumeId)!, outcome.deleted)) await forgetDeleted(store, volumeId);
+  } catch (err) {
+    if (!(err instanceof RemoteError)) throw err;
+    logger.warn(`the driver's refs on the remote stay until the next collection: ${err.message}`, { operation: "gc" });
+  }
+}
+
+/** A deleted volume's owner ref needs nothing more once it is gone, or holds a record written after the deletion (the volume was staged again). */
+function settled(volume: RemoteVolume | undefined, deletedAt: number, gone: string[]): boolean {
+  const owner = volume?.owner;
+  return owner === undefined || gone.includes(owner.ref) || (owner.record !== undefined && owner.record.time > deletedAt);
+}
+
+/** A volume whose tree the node removed, until the remote's owner ref of it goes. */
+interface DeletedVolume {
+  url: string;
+  deletedAt: number;
+}
+
+/** The deleted volumes the node remembers, by volume id. */
+export type Deletions = Map<string, DeletedVolume>;
+
+function deletedDir(store: Store): string {
+  return path.join(store.stateDir, "deleted-owner-refs");
+}
+
+function deletedFile(store: Store, volumeId: string): string {
+  return path.join(deletedDir(store), `${volumeId}.json`);
+}
+
+/** Remembers that the volume was deleted: the next collection that reaches its remote deletes its owner ref. */
+export async function rememberDeleted(store: Store, volumeId: string, url: string): Promise<void> {
+  const file = deletedFile(store, volumeId);
+  await fs.mkdir(deletedDir(store), { recursive: true });
+  const record: DeletedVolume = { url, deletedAt: Date.now() };
+  // Whole or absent: a crash never leaves a record the collection cannot read.
+  await fs.writeFile(`${file}.tmp`, `${JSON.stringify(record)}\n`);
+  await fs.rename(`${file}.tmp`, file);
+}
+
+/** The deletions the node remembers; a record that cannot be read is logged and left for an operator. */
+export async function readDeletions(store: Store, logger: Logger): Promise<Deletions> {
+  const dir = deletedDir(store);
+  const out: Deletions = new Map();
+  for (const name of (await orAbsent(fs.readdir(dir))) ?? []) {
+    if (!name.endsWith(".json")) continue;
+    const file = path.join(dir, name);
+    try {
+      out.set(name.slice(0, -".json".length), JSON.parse(await fs.readFile(file, "utf8")) as DeletedVolume);
+    } catch (err) {
+      logger.warn(`${file} cannot be read (${(err as Error).message}); remove it, and the volume's owner ref goes once it is past the retention`, { operation: "gc" });
+    }
+  }
+  return out;
+}
+
+function forgetDeleted(store: Store, volumeId: string): Promise<void> {
+  return fs.rm(deletedFile(store, volumeId), { force: true });
+}
+
+/**
+ * Forgets deletions older than the retention: the volume's owner ref is then
+ * past it too (within a lease), and any node that reaches the remote deletes it.
+ */
+export async function expireDeletions(store: Store, deletions: Deletions, now: number, retentionMs: number): Promise<void> {
+  for (const [volumeId, d] of deletions) if (now >= d.deletedAt + retentionMs) await forgetDeleted(store, volumeId);
+}

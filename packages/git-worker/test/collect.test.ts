@@ -1,0 +1,190 @@
+import assert from "node:assert/strict";
+import * as fs from "node:fs/promises";
+import * as path from "node:path";
+import { test, type TestContext } from "node:test";
+import { createLogger } from "@git-csi/logging";
+import type { CollectionPolicy } from "../src/collect-remote";
+import { collectGarbage, removeTree } from "../src/gc";
+import { MountLease, type OnRemote } from "../src/lease";
+import type { OwnerRecord } from "../src/ownership";
+import { stagingRef } from "../src/remote";
+import { volumeBranchRef } from "../src/stage";
+import { exists, ownerRef, upstreamOwnerRef } from "../src/store";
+import { revParse } from "../src/tree";
+import { recordCommit, type ServedRemote, stageAnother, type StagedNode, stagedNode } from "./remote";
+
+/**
+ * The collection of the driver's refs against a real forge: a bare
+ * repository served by git daemon, nodes that stage, claim and release as the
+ * worker does, and collectGarbage as the worker's hourly timer runs it.
+ */
+
+const HOUR = 3_600_000;
+const LEASE_MS = 90_000;
+
+/** The collection's log lines, as JSON objects. */
+type Line = Record<string, unknown>;
+
+function quietLogger(): { logger: ReturnType<typeof createLogger>; lines: Line[] } {
+  const logger = createLogger("git-worker", "info");
+  logger.transports[0]!.silent = true;
+  const lines: Line[] = [];
+  logger.on("data", (line: Line) => lines.push(line));
+  return { logger, lines };
+}
+
+/** A mount epoch's lease of a volume on a node, as claim_mount makes it. */
+function leaseOn(node: StagedNode, nodeName: string, volumeId: string, epoch: string): MountLease {
+  const holder = { volumeId, node: nodeName, epoch, accessMode: "ReadWriteOncePod" as const, leaseMs: LEASE_MS, continues: false };
+  return new MountLease(holder, (env = {}) => node.store.repo(node.remote.url, { config: [], env }));
+}
+
+/** Runs the collection on a node that reaches the remote through its volume, serving these epochs. */
+async function collect(node: StagedNode, served: Record<string, string>, retentionMs = HOUR): Promise<Line[]> {
+  const { logger, lines } = quietLogger();
+  const policy: CollectionPolicy = { reach: () => ({ remote: node.onRemote, served: new Map(Object.entries(served)) }), ownerRefRetentionMs: retentionMs };
+  await collectGarbage(node.store, logger, (_repoDir, work) => work(), policy);
+  return lines;
+}
+
+/** The forge's refs under a prefix. */
+function remoteRefs(remote: ServedRemote, prefix: string): string[] {
+  return remote.git("for-each-ref", "--format=%(refname)", prefix).split("\n").filter(Boolean).sort();
+}
+
+/** An owner record written straight into the forge, as a node's lease wrote it at that time. */
+function recordOnRemote(remote: ServedRemote, record: Omit<OwnerRecord, "accessMode" | "node">): void {
+  remote.git("update-ref", ownerRef(record.volumeId), recordCommit(remote.dir, { ...record, node: "node-z", accessMode: "ReadWriteOncePod" }));
+}
+
+function deletionLogged(lines: Line[], volumeId: string, ref: string): boolean {
+  return lines.some((l) => l.volume === volumeId && l.operation === "gc" && l.ref === ref && String(l.message).startsWith(`deleted ${ref} on the remote`));
+}
+
+test("staging refs no push uses go at the next collection; those a live epoch on another node may still use stay", async (t: TestContext) => {
+  const a = await stagedNode(t, "pvc-here");
+  const b = await stagedNode(t, "pvc-elsewhere", a.remote);
+  await stageAnother(b.store, b.access, b.remote.url, "pvc-released");
+  assert.equal((await leaseOn(a, "node-a", "pvc-here", "e-here").claim(a.onRemote)).held, true);
+  assert.equal((await leaseOn(b, "node-b", "pvc-elsewhere", "e-b").claim(b.onRemote)).held, true);
+  const released = leaseOn(b, "node-b", "pvc-released", "e-r");
+  assert.equal((await released.claim(b.onRemote)).held, true);
+  assert.equal(await released.release(b.onRemote), true);
+  // Objects sent ahead by pushes that never got to their fenced update; pvc-crashed was never claimed.
+  const main = a.remote.git("rev-parse", "refs/heads/main");
+  const staging = ["pvc-here", "pvc-elsewhere", "pvc-released", "pvc-crashed"].map((v) => stagingRef(v, 0)).concat(stagingRef("pvc-elsewhere", 1));
+  for (const ref of staging) a.remote.git("update-ref", ref, main);
+
+  const lines = await collect(a, { "pvc-here": "e-here" });
+
+  assert.deepEqual(remoteRefs(a.remote, "refs/git-csi/staging/"), [stagingRef("pvc-elsewhere", 0), stagingRef("pvc-elsewhere", 1)], "only the live epoch's on node-b stay");
+  for (const v of ["pvc-here", "pvc-released", "pvc-crashed"]) assert.ok(deletionLogged(lines, v, stagingRef(v, 0)), `the deletion of ${v}'s staging ref is logged`);
+  assert.deepEqual(remoteRefs(a.remote, "refs/git-csi/owner/"), ["pvc-elsewhere", "pvc-here", "pvc-released"].map(ownerRef), "no owner ref is past the retention");
+});
+
+test("an owner ref goes once no epoch held it for the retention, or once its volume was deleted; a live epoch's stays", async (t: TestContext) => {
+  const a = await stagedNode(t, "pvc-a");
+  const b = await stagedNode(t, "pvc-b", a.remote);
+  const remote = a.remote;
+  assert.equal((await leaseOn(a, "node-a", "pvc-a", "e-a").claim(a.onRemote)).held, true);
+  assert.equal((await leaseOn(b, "node-b", "pvc-b", "e-b").claim(b.onRemote)).held, true);
+  const now = Date.now();
+  recordOnRemote(remote, { volumeId: "pvc-old-released", epoch: "e1", time: now - 2 * HOUR, expires: now - 2 * HOUR, released: true });
+  recordOnRemote(remote, { volumeId: "pvc-old-expired", epoch: "e2", time: now - 3 * HOUR, expires: now - 3 * HOUR + LEASE_MS, released: false });
+  recordOnRemote(remote, { volumeId: "pvc-recent", epoch: "e3", time: now - 600_000, expires: now - 600_000, released: true });
+  // Deleted here: staged, released and its tree removed. pvc-again was claimed again on node-b since.
+  for (const volumeId of ["pvc-deleted", "pvc-again"]) {
+    await stageAnother(a.store, a.access, remote.url, volumeId);
+    const lease = leaseOn(a, "node-a", volumeId, `e-${volumeId}`);
+    assert.equal((await lease.claim(a.onRemote)).held, true);
+    assert.equal(await lease.release(a.onRemote), true);
+    await removeTree(a.store, volumeId, { url: remote.url, ref: "main" }, quietLogger().logger);
+  }
+  assert.equal((await leaseOn(b, "node-b", "pvc-again", "e-again-b").claim(b.onRemote)).held, true);
+
+  const lines = await collect(a, { "pvc-a": "e-a" });
+
+  assert.deepEqual(remoteRefs(remote, "refs/git-csi/owner/"), ["pvc-a", "pvc-again", "pvc-b", "pvc-recent"].map(ownerRef));
+  for (const v of ["pvc-old-released", "pvc-old-expired", "pvc-deleted"]) assert.ok(deletionLogged(lines, v, ownerRef(v)), `the deletion of ${v}'s owner ref is logged`);
+  assert.deepEqual(await fs.readdir(path.join(a.store.stateDir, "deleted-owner-refs")), [], "both deletions are settled: one ref went, the other volume was staged again");
+});
+
+test("a live epoch's owner ref stays whatever the retention, and though a node deleted the volume before it renewed", async (t: TestContext) => {
+  const a = await stagedNode(t, "pvc-a");
+  const b = await stagedNode(t, "pvc-live", a.remote);
+  const remote = a.remote;
+  const live = leaseOn(b, "node-b", "pvc-live", "e-live");
+  assert.equal((await live.claim(b.onRemote)).held, true);
+  const released = leaseOn(b, "node-b", "pvc-done", "e-done");
+  assert.equal((await released.claim(b.onRemote)).held, true);
+  assert.equal(await released.release(b.onRemote), true);
+  // Node a removed pvc-stale's tree after node-z's epoch last renewed, and that lease still runs.
+  await stageAnother(a.store, a.access, remote.url, "pvc-stale");
+  const renewed = Date.now() - 1_000;
+  await removeTree(a.store, "pvc-stale", { url: remote.url, ref: "main" }, quietLogger().logger);
+  recordOnRemote(remote, { volumeId: "pvc-stale", epoch: "e-z", time: renewed, expires: renewed + LEASE_MS, released: false });
+  await new Promise((r) => setTimeout(r, 5));
+
+  // A retention of 1 ms, shorter than the live records' age: only a lease's end counts.
+  const lines = await collect(a, {}, 1);
+
+  assert.deepEqual(remoteRefs(remote, "refs/git-csi/owner/"), [ownerRef("pvc-live"), ownerRef("pvc-stale")]);
+  assert.ok(deletionLogged(lines, "pvc-done", ownerRef("pvc-done")), "the released record went: the collection ran");
+});
+
+test("a claim that lands between the collection's read and its deletion wins: the owner ref keeps the claim", async (t: TestContext) => {
+  const a = await stagedNode(t, "pvc-a");
+  const b = await stagedNode(t, "pvc-race", a.remote);
+  const remote = a.remote;
+  const first = leaseOn(b, "node-b", "pvc-race", "e-first");
+  assert.equal((await first.claim(b.onRemote)).held, true);
+  assert.equal(await first.release(b.onRemote), true);
+  // The collection reaches the remote twice, to read the refs and to delete; node-c's claim lands in between.
+  const racing = leaseOn(b, "node-c", "pvc-race", "e-race");
+  let reached = 0;
+  const remoteAfterRead: OnRemote = async (operation) => {
+    if (++reached === 2) assert.equal((await racing.claim(b.onRemote)).held, true, "the claim of the released volume lands");
+    return a.onRemote(operation);
+  };
+  const { logger, lines } = quietLogger();
+  // A retention of 1 ms: the released record is past it at once.
+  await collectGarbage(a.store, logger, (_repoDir, work) => work(), { reach: () => ({ remote: remoteAfterRead, served: new Map() }), ownerRefRetentionMs: 1 });
+
+  assert.equal(reached, 2);
+  assert.match(remote.git("show", "-s", "--format=%B", ownerRef("pvc-race")), /^epoch: e-race$/m, "the owner ref holds the claim");
+  assert.ok(lines.some((l) => l.volume === "pvc-race" && l.message === `kept ${ownerRef("pvc-race")}: it moved since the collection read it`));
+});
+
+test("the node's views of a removed volume go, with what a removal cut short left; a kept tree's stay", async (t: TestContext) => {
+  const a = await stagedNode(t, "pvc-keep");
+  const repo = a.store.repo(a.remote.url);
+  await stageAnother(a.store, a.access, a.remote.url, "pvc-gone");
+  await stageAnother(a.store, a.access, a.remote.url, "pvc-cut");
+  for (const v of ["pvc-keep", "pvc-gone", "pvc-cut"]) {
+    // Two stages of the volume on the node: the second reads the first one's record, into the node's view.
+    for (const epoch of ["e1", "e2"]) {
+      const lease = leaseOn(a, "node-a", v, epoch);
+      assert.equal((await lease.claim(a.onRemote)).held, true);
+      if (v !== "pvc-keep" || epoch === "e1") assert.equal(await lease.release(a.onRemote), true);
+    }
+    assert.notEqual(await revParse(repo, upstreamOwnerRef(v)), "", `the second claim left the node a view of ${v}'s owner ref`);
+  }
+  const { logger, lines } = quietLogger();
+  await removeTree(a.store, "pvc-gone", { url: a.remote.url, ref: "main" }, logger);
+  // A removal killed after the tree went: the rest stays on the node until the removal is asked again.
+  await fs.rm(a.store.treeDir("pvc-cut"), { recursive: true });
+  await removeTree(a.store, "pvc-cut", { url: a.remote.url, ref: "main" }, logger);
+  await collectGarbage(a.store, logger, (_repoDir, work) => work(), { reach: () => undefined, ownerRefRetentionMs: HOUR });
+
+  for (const v of ["pvc-gone", "pvc-cut"]) {
+    assert.equal(await revParse(repo, upstreamOwnerRef(v)), "", `the view of ${v}'s owner ref is deleted`);
+    assert.equal(await revParse(repo, volumeBranchRef(v)), "", `${v}'s branch is deleted`);
+    assert.equal(await exists(a.store.volumeDir(v)), false, `${v}'s own files are removed`);
+    assert.ok(
+      lines.some((l) => l.volume === v && l.operation === "gc" && l.ref === upstreamOwnerRef(v)),
+      `the deletion of ${v}'s view is logged`,
+    );
+  }
+  assert.notEqual(await revParse(repo, upstreamOwnerRef("pvc-keep")), "", "the kept tree's view stays");
+  assert.deepEqual((await repo.raw(["for-each-ref", "--format=%(refname)", "refs/git-csi/collect/"])).trim(), "", "nothing the collection fetched stays");
+});
