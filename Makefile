@@ -128,7 +128,7 @@ cluster-images: apt cluster-tools
 	  registry.k8s.io/sig-storage/csi-provisioner:$(PROVISIONER_VERSION)=$(word 2,$(CSI_SIDECARS))
 
 images: apt $(if $(filter local,$(BASES)),base-images)
-	@for service in $(SERVICES); do \
+	@mkdir -p $(CACHE)/images; for service in $(SERVICES); do \
 	  start=$$(date +%s); echo "building $(REGISTRY)/git-csi/$$service:$(VERSION) with buildah (layers cached in $(IMAGE_STORE))"; \
 	  $(BUILDAH) bud --layers $(BUILD_CA_FLAGS) --pull=$(if $(filter local,$(BASES)),never,false) --target $$service -t $(REGISTRY)/git-csi/$$service:$(VERSION) . > $(CACHE)/images/$$service.log 2>&1 \
 	    || { tail -30 $(CACHE)/images/$$service.log; exit 1; }; \
@@ -137,7 +137,7 @@ images: apt $(if $(filter local,$(BASES)),base-images)
 
 # The images and the packaged chart to $(REGISTRY) (scripts/publish.sh says how).
 publish: images $(GOBIN)/helm
-	BUILDAH="$(BUILDAH)" STORE="overlay@$(IMAGE_STORE)/storage+$(IMAGE_STORE)/run" REGISTRY="$(REGISTRY)" VERSION="$(VERSION)" \
+	STORE="overlay@$(IMAGE_STORE)/storage+$(IMAGE_STORE)/run" REGISTRY="$(REGISTRY)" VERSION="$(VERSION)" \
 	  SERVICES="$(SERVICES)" PLAIN_HTTP="$(PLAIN_HTTP)" HELM="$(GOBIN)/helm" bash scripts/publish.sh
 
 # pjdfstest, the POSIX conformance suite the e2e tests run at the root of a
