@@ -32,6 +32,8 @@ export interface CommitFilesOptions {
   branch?: string;
   /** Paths to delete in the new commit. */
   remove?: string[];
+  /** path -> commit sha: gitlinks, as a submodule's entry is in its superproject (the .gitmodules is one of `files`). */
+  gitlinks?: Record<string, string>;
   /** Commit message. Default "update". */
   message?: string;
 }
@@ -176,7 +178,8 @@ export function freePort(): Promise<number> {
 const sleep = (ms: number) => new Promise<void>((r) => setTimeout(r, ms));
 
 /** Write a commit into a bare repo via a throwaway index (supports nested paths). */
-async function writeCommit(gitDir: string, tmpDir: string, parent: string | undefined, files: Record<string, string | Uint8Array>, remove: readonly string[], message: string): Promise<string> {
+async function writeCommit(gitDir: string, tmpDir: string, parent: string | undefined, files: Record<string, string | Uint8Array>, opts: CommitFilesOptions & { message: string }): Promise<string> {
+  const { remove = [], gitlinks = {}, message } = opts;
   const indexFile = path.join(tmpDir, `index-${process.pid}-${Math.random().toString(36).slice(2)}`);
   const env = gitEnv({ GIT_INDEX_FILE: indexFile });
   const g = (args: string[], input?: string | Uint8Array) => runGit([`--git-dir=${gitDir}`, ...args], { env, input });
@@ -193,6 +196,10 @@ async function writeCommit(gitDir: string, tmpDir: string, parent: string | unde
       checkFilePath(p);
       const blob = await g(["hash-object", "-w", "--stdin"], content);
       await g(["update-index", "--add", "--cacheinfo", `100644,${blob},${p}`]);
+    }
+    for (const [p, commit] of Object.entries(gitlinks)) {
+      checkFilePath(p);
+      await g(["update-index", "--add", "--cacheinfo", `160000,${commit},${p}`]);
     }
     const tree = await g(["write-tree"]);
     const commitArgs = ["commit-tree", tree, "-m", message];
@@ -222,7 +229,7 @@ export function bareRepoOps(baseDir: string, workDir: string): BareRepoOps {
       const files = opts.files ?? { "README.md": `# ${repo}\n` };
       await mkdir(path.dirname(gitDir), { recursive: true });
       await runGit(["init", "--quiet", "--bare", `--initial-branch=${branch}`, gitDir]);
-      const sha = await writeCommit(gitDir, workDir, undefined, files, [], opts.message ?? "initial commit");
+      const sha = await writeCommit(gitDir, workDir, undefined, files, { message: opts.message ?? "initial commit" });
       await runGit([`--git-dir=${gitDir}`, "update-ref", `refs/heads/${branch}`, sha, ""]);
       return sha;
     },
@@ -233,7 +240,7 @@ export function bareRepoOps(baseDir: string, workDir: string): BareRepoOps {
       const ref = `refs/heads/${branch}`;
       const cur = await runGitRaw([`--git-dir=${gitDir}`, "rev-parse", "--verify", "--quiet", `${ref}^{commit}`]);
       const parent = cur.code === 0 ? cur.stdout.trim() : undefined;
-      const sha = await writeCommit(gitDir, workDir, parent, files, opts.remove ?? [], opts.message ?? "update");
+      const sha = await writeCommit(gitDir, workDir, parent, files, { ...opts, message: opts.message ?? "update" });
       // compare-and-swap against the parent we built on ("" = must not exist yet)
       await runGit([`--git-dir=${gitDir}`, "update-ref", ref, sha, parent ?? ""]);
       return sha;

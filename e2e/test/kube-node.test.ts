@@ -6,6 +6,7 @@ import { test } from "node:test";
 import { status } from "@grpc/grpc-js";
 import { call } from "@git-csi/protos";
 import { type Driver, freePort, metricsText, metricValue, report, sh, SINGLE_NODE_SINGLE_WRITER, stageAndPublish, startDriver, unpublishAndUnstage, waitFor } from "../src/driver";
+import { LFS_ATTRIBUTES, LFS_POINTER } from "../src/fixtures";
 import { startGitDaemon } from "../src/git-server";
 import { kubeForTest } from "../src/kube";
 
@@ -40,7 +41,7 @@ test("the node services against a real API server: a claim's class arms the volu
     await server.stop();
     await fs.rm(dir, { recursive: true, force: true });
   });
-  await server.createRepo("homeassistant.git", { files: { "configuration.yaml": "homeassistant: {}\n" } });
+  await server.createRepo("homeassistant.git", { files: { "configuration.yaml": "homeassistant: {}\n", ".gitattributes": LFS_ATTRIBUTES, "floorplan.bin": LFS_POINTER } });
   const url = server.url("homeassistant.git");
   const apply = kube.apply;
   const vac = (name: string, parameters: Record<string, string>) => ({ apiVersion: "storage.k8s.io/v1", kind: "VolumeAttributesClass", metadata: { name }, driverName: "git.liken.sh", parameters });
@@ -121,14 +122,25 @@ test("the node services against a real API server: a claim's class arms the volu
   });
   await waitFor("git_csi_armed labeled by the claim", async () => /git_csi_armed\{namespace="home",claim="config"\} 1/.test(await metricsText(driver)));
 
-  await sh(`echo 'light: {}' > '${published.targetPath}/light.yaml'`);
+  await sh(`echo 'light: {}' > '${published.targetPath}/light.yaml' && printf 'the floor plan' > '${published.targetPath}/floorplan.bin'`);
   await waitFor("the write pushed", () => server.git("homeassistant.git", "show", "main:light.yaml").catch(() => undefined));
   const author = await server.git("homeassistant.git", "log", "-1", "--format=%an <%ae>", "main");
   assert.equal(author.trim(), "Home Assistant <homeassistant@home.example>");
+  const events = async () => (JSON.parse(await kube.kubectl(["get", "events", "-n", "home", "-o", "json"])) as { items: Event[] }).items;
+
+  // The Git LFS pointer the application wrote over is committed as written, and named in a Warning on the pod and the claim.
+  await waitFor("floorplan.bin pushed as written", async () => (await server.git("homeassistant.git", "show", "main:floorplan.bin")) === "the floor plan");
+  const notServed = await waitFor("GitVolumeNotServed on the pod and the claim", async () => {
+    const found = (await events()).filter((e) => e.reason === "GitVolumeNotServed");
+    return found.length === 2 && found;
+  });
+  assert.deepEqual(notServed.map((e) => [e.involvedObject.kind, e.type, e.message.split(" ")[0]]).sort(), [
+    ["PersistentVolumeClaim", "Warning", "floorplan.bin"],
+    ["Pod", "Warning", "floorplan.bin"],
+  ]);
 
   // A bad class is refused with a Warning on the claim; the volume keeps the class it had.
   await kube.kubectl(["patch", "pvc", "config", "-n", "home", "-p", JSON.stringify({ spec: { volumeAttributesClassName: "config-broken" } })]);
-  const events = async () => (JSON.parse(await kube.kubectl(["get", "events", "-n", "home", "-o", "json"])) as { items: Event[] }).items;
   const refused = await waitFor("GitVolumeRefused on the claim", async () => (await events()).find((e) => e.reason === "GitVolumeRefused" && e.involvedObject.kind === "PersistentVolumeClaim"));
   assert.equal(refused.type, "Warning");
   assert.match(refused.message, /class config-broken is refused[\s\S]*push\.quiesce/);

@@ -17,6 +17,8 @@ export const Reason = {
   HostKeyUnverified: "GitVolumeHostKeyUnverified",
   // Beyond spec 004's list: written paths no commit could take (a full disk, a broken object store).
   CommitFailed: "GitVolumeCommitFailed",
+  // Beyond spec 004's list: a write to what the driver does not serve (a Git LFS file, a submodule's directory).
+  NotServed: "GitVolumeNotServed",
 } as const;
 
 export type ReasonName = (typeof Reason)[keyof typeof Reason];

@@ -7,19 +7,22 @@ import { type FastCommit, commitFiles, type FileNow } from "./fast-commit";
 import { ARGV_BATCH, runGit, traced } from "./git";
 import type { VolumeReporter } from "./report";
 import type { SyncScheduler } from "./schedule";
-import { changedBetween, stageChanges, statusOf, updatePaths } from "./tree";
+import { changedBetween, lfsTracked, type PathStatus, stageChanges, statusOf, updatePaths } from "./tree";
 import type { VolumeState } from "./volume";
 
-/** A commit made on HEAD, and the commit it sits on. */
+/** A commit made on HEAD, the commit it sits on, and the paths it changed. */
 export interface Committed {
   commit: string;
   parent: string;
+  changed: PathStatus[];
 }
 
 /** Paths the driver never commits: libfuse's names for open, unlinked files. */
 const ALWAYS_IGNORED = [".fuse_hidden*"];
 /** How many of a commit's paths its message lists. */
 const PATHS_LISTED = 50;
+/** The Warning's words after a Git LFS file's path. */
+const LFS_NOT_SERVED = "is a Git LFS file (filter=lfs in .gitattributes), which the driver does not serve: it is committed as the application wrote it, as an ordinary blob, not as an LFS object";
 /** Up to this many bytes, a commit's files are hashed for it straight from the tree (see fastCommit). */
 const FAST_COMMIT_BYTES = 1024 * 1024;
 
@@ -111,11 +114,14 @@ export class VolumeCommitter {
   private async commit(trigger: string): Promise<Committed | undefined> {
     const asked = [...this.s.pending];
     if (asked.length === 0) return undefined;
+    // Asked beside the commit, which changes no attribute: the files Git LFS would take.
+    const lfs = lfsTracked(this.s.tree, asked).catch((err: Error) => err);
     const listed = await this.commitAsListed(asked, trigger);
     const { tooLarge, bytes } = listed ?? (await this.stage(asked));
     const committed = listed ? listed.committed : await this.writeCommit(trigger);
     if (committed) this.s.unpushedBytes += bytes;
     this.noteSkipped(asked, tooLarge);
+    if (committed) this.noteLfs(await lfs, committed.changed);
     for (const p of asked) this.s.pending.delete(p);
     // A commit on HEAD is one more the remote lacks: counting again would cost three git processes on the way to the push.
     if (committed) this.report.publishMetrics();
@@ -248,7 +254,17 @@ export class VolumeCommitter {
     s.unpushed++;
     this.scheduler.committed();
     s.log("info", "committed", "commit", { paths: changed.length, trigger });
-    return { commit, parent };
+    return { commit, parent, changed };
+  }
+
+  /** A committed file that Git LFS would have taken is named in a Warning: spec 004 does not serve LFS. */
+  private noteLfs(tracked: string[] | Error, changed: PathStatus[]): void {
+    if (tracked instanceof Error) {
+      this.s.log("warn", `the commit holds every write, but which of its files Git LFS tracks is unknown: ${tracked.message}`, "commit");
+      return;
+    }
+    const written = new Set(changed.filter((c) => !c.deleted).map((c) => c.path));
+    for (const p of tracked) if (written.has(p)) this.report.notServed(p, LFS_NOT_SERVED);
   }
 
   private noteSkipped(asked: string[], tooLarge: Map<string, number>): void {

@@ -2,7 +2,7 @@
 import * as fs from "node:fs/promises";
 import * as path from "node:path";
 import type { SimpleGit } from "simple-git";
-import { ARGV_BATCH, type Author, authorEnv, chunks, gitIn, runGit, traced } from "./git";
+import { ARGV_BATCH, type Author, authorEnv, chunks, gitIn, gitMessage, runGit, traced } from "./git";
 import { baseName, listingPath, MAX_LISTING_BYTES, type MetadataEntry, parentOf, parseListing } from "./metadata-format";
 
 export interface TreeBlob {
@@ -187,34 +187,90 @@ function unquoteGitPath(line: string): string {
 }
 
 /**
- * The paths among these that git ignores in the work tree; tracked paths are
- * never ignored. check-ignore takes no literal pathspecs (the store's tree git
- * sets GIT_LITERAL_PATHSPECS), so it runs without them, each path behind "./"
- * so that a leading ":" is no pathspec magic. A name with glob characters may
+ * What a record leaves out among these paths: what git ignores in the work
+ * tree (tracked paths are never ignored), and what lies inside a submodule,
+ * which git never takes into this repository (spec 004: a submodule's
+ * directory is not served). `ignored` holds both; `inSubmodule` names each
+ * one's submodule.
+ */
+export interface LeftOut {
+  ignored: Set<string>;
+  inSubmodule: Map<string, string>;
+}
+
+/**
+ * check-ignore takes no literal pathspecs (the store's tree git sets
+ * GIT_LITERAL_PATHSPECS), so it runs without them, each path behind "./" so
+ * that a leading ":" is no pathspec magic. A name with glob characters may
  * then be taken for tracked and recorded: the error is on the side of keeping.
  */
-export async function ignoredAmong(tree: SimpleGit | undefined, paths: string[]): Promise<Set<string>> {
-  const out = new Set<string>();
+export async function leftOutAmong(tree: SimpleGit | undefined, paths: string[]): Promise<LeftOut> {
+  const out: LeftOut = { ignored: new Set(), inSubmodule: new Map() };
   if (!tree) return out;
   const asked = paths.filter((p) => p !== "");
   if (asked.length > ARGV_BATCH) {
     // Many paths (a branch's first record walks the whole tree): one listing of what git
     // ignores, rather than one check-ignore per batch that each reads the whole index.
-    const listed = (await runGit(tree, ["ls-files", "-z", "--others", "--ignored", "--exclude-standard", "--directory"])).split("\0").filter((p) => p !== "");
+    const [text, gitlinks] = await Promise.all([runGit(tree, ["ls-files", "-z", "--others", "--ignored", "--exclude-standard", "--directory"]), gitlinksOf(tree)]);
+    const listed = text.split("\0").filter((p) => p !== "");
     const files = new Set(listed);
     const dirs = listed.filter((p) => p.endsWith("/"));
-    for (const p of asked) if (files.has(p) || files.has(`${p}/`) || dirs.some((d) => p.startsWith(d))) out.add(p);
+    for (const p of asked) {
+      const submodule = submoduleOf(p, gitlinks);
+      if (submodule !== undefined) leaveOutOfSubmodule(out, p, submodule);
+      else if (files.has(p) || files.has(`${p}/`) || dirs.some((d) => p.startsWith(d))) out.ignored.add(p);
+    }
     return out;
   }
-  for (const batch of chunks(asked)) {
-    // Every path gets a line, matched or not: a git that prints nothing costs 50 ms more under simple-git (see traced).
-    const text = await runGit(tree, ["--no-literal-pathspecs", "check-ignore", "--verbose", "--non-matching", "--", ...batch.map((p) => `./${p}`)]);
+  for (const batch of chunks(asked)) await checkIgnore(tree, batch, out);
+  return out;
+}
+
+/** git's refusal of a path inside a submodule: check-ignore answers no path of its batch then. */
+const IN_SUBMODULE = /^fatal: Pathspec '.*' is in submodule '(.*)'$/m;
+
+/** check-ignore of one batch; each submodule git refuses takes its paths out of the batch, and git is asked again. */
+async function checkIgnore(tree: SimpleGit, batch: string[], out: LeftOut): Promise<void> {
+  let left = batch;
+  while (left.length > 0) {
+    let text: string;
+    try {
+      // Every path gets a line, matched or not: a git that prints nothing costs 50 ms more under simple-git (see traced).
+      text = await runGit(tree, ["--no-literal-pathspecs", "check-ignore", "--verbose", "--non-matching", "--", ...left.map((p) => `./${p}`)]);
+    } catch (err) {
+      const submodule = IN_SUBMODULE.exec(gitMessage(err))?.[1];
+      const inside = submodule === undefined ? [] : left.filter((p) => p.startsWith(`${submodule}/`));
+      if (inside.length === 0) throw err;
+      for (const p of inside) leaveOutOfSubmodule(out, p, submodule!);
+      left = left.filter((p) => !p.startsWith(`${submodule}/`));
+      continue;
+    }
     for (const line of text.split("\n")) {
       const p = ignoredPath(line);
-      if (p !== undefined) out.add(p.startsWith("./") ? p.slice(2) : p);
+      if (p !== undefined) out.ignored.add(p.startsWith("./") ? p.slice(2) : p);
     }
+    return;
   }
-  return out;
+}
+
+function leaveOutOfSubmodule(out: LeftOut, p: string, submodule: string): void {
+  out.ignored.add(p);
+  out.inSubmodule.set(p, submodule);
+}
+
+/** The index's gitlinks: the submodules' paths. */
+async function gitlinksOf(tree: SimpleGit): Promise<Set<string>> {
+  const gitlinks = new Set<string>();
+  for (const entry of (await runGit(tree, ["ls-files", "-z", "--stage"])).split("\0")) {
+    if (entry.startsWith("160000 ")) gitlinks.add(entry.slice(entry.indexOf("\t") + 1));
+  }
+  return gitlinks;
+}
+
+/** The submodule a path lies inside, if any. */
+function submoduleOf(p: string, gitlinks: Set<string>): string | undefined {
+  for (let dir = parentOf(p); dir !== ""; dir = parentOf(dir)) if (gitlinks.has(dir)) return dir;
+  return undefined;
 }
 
 /**

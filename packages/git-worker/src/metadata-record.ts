@@ -3,7 +3,7 @@ import type { SimpleGit } from "simple-git";
 import type { Author } from "./git";
 import { runGit } from "./git";
 import { baseName, byteOrder, formatListing, joinRel, listingPath, type MetadataEntry, normalizeChanged, parentOf, sameEntry } from "./metadata-format";
-import { BaseListings, ignoredAmong, type ListingCache, type ListingWrite, privateGit, writeMetadataCommit } from "./metadata-plumbing";
+import { BaseListings, type ListingCache, leftOutAmong, type ListingWrite, privateGit, writeMetadataCommit } from "./metadata-plumbing";
 import { inBatches, TreeView, vanished } from "./metadata-tree";
 
 export interface RecordOptions {
@@ -27,12 +27,15 @@ export interface RecordOptions {
   author: Author;
   /**
    * git in the volume's work tree (Store.tree). When given, what git ignores
-   * there (the repository's .gitignore and the class's ignore) is not
-   * recorded: neither its modes nor its names reach the remote.
+   * there (the repository's .gitignore and the class's ignore), and what lies
+   * inside a submodule, is not recorded: neither its modes nor its names
+   * reach the remote.
    */
   tree?: SimpleGit;
   /** Paths the caller knows git does not ignore (git status listed them): nobody asks git again. */
   notIgnored?: Set<string>;
+  /** Told of each path left out because it lies inside a submodule, with the submodule. */
+  inSubmodule?: (path: string, submodule: string) => void;
 }
 
 /**
@@ -66,7 +69,7 @@ export async function recordMetadata(opts: RecordOptions): Promise<string> {
   const view = new TreeView(opts.treeDir);
   await view.stat("");
   const base = new BaseListings(git, opts.base, opts.branch, opts.cache);
-  const listings = await new Recording(view, base, opts.tree, opts.notIgnored ?? new Set()).run(opts.changedPaths);
+  const listings = await new Recording(view, base, opts.tree, opts.notIgnored ?? new Set(), opts.inSubmodule).run(opts.changedPaths);
   const { writes, removes } = changedListings(listings, base, opts.branch);
   if (writes.length === 0 && removes.length === 0) return opts.base;
   return writeMetadataCommit(writer, opts.base, opts.branch, writes, removes);
@@ -97,6 +100,7 @@ class Recording {
     private readonly base: BaseListings,
     private readonly tree: SimpleGit | undefined,
     private readonly notIgnored: Set<string>,
+    private readonly inSubmodule?: (path: string, submodule: string) => void,
   ) {}
 
   async run(changedPaths: string[]): Promise<Map<string, Listing>> {
@@ -133,7 +137,8 @@ class Recording {
     const listed = await this.listAfresh(fullWave);
     const patched = await this.patchable(patchWave);
     const asked = (await this.askedAbout(listed, patched)).filter((p) => !this.notIgnored.has(p));
-    const ignored = await ignoredAmong(this.tree, asked);
+    const { ignored, inSubmodule } = await leftOutAmong(this.tree, asked);
+    for (const [p, submodule] of inSubmodule) this.inSubmodule?.(p, submodule);
     this.takeListed(listed, ignored);
     await this.takePatched(patched, ignored);
     await this.updateParents(listed, ignored);

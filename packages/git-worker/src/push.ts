@@ -159,6 +159,7 @@ export class VolumePush {
       author: s.policy!.author,
       tree: s.tree,
       notIgnored: s.committedPaths,
+      inSubmodule: (p, submodule) => this.report.notServed(p, `is inside the submodule ${submodule}, which the driver does not serve: it is not committed`),
     });
     if (commit !== base) return { commit, base, recorded };
     for (const p of recorded) s.metadataChanged.delete(p);

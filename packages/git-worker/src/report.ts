@@ -51,6 +51,13 @@ export class VolumeReporter {
     else if (this.unposted.pods) keepRecent(this.unposted.pods, event);
   }
 
+  /** A write to what the driver does not serve (spec 004), named once a path: `why` follows the path in the Warning. */
+  notServed(p: string, why: string): void {
+    if (this.s.notServed.has(p)) return;
+    this.s.notServed.add(p);
+    this.emit(Reason.NotServed, "Warning", `${p} ${why}`);
+  }
+
   private postOnClaim(event: gitWorker.VolumeEvent): void {
     const claim = this.s.claim;
     this.s.ctx.events?.record(

@@ -45,6 +45,17 @@ export async function statusOf(git: SimpleGit, paths?: string[]): Promise<PathSt
   return out;
 }
 
+/** The paths among these that the work tree's .gitattributes hand to Git LFS (`filter=lfs`). */
+export async function lfsTracked(git: SimpleGit, paths: string[]): Promise<string[]> {
+  const out: string[] = [];
+  for (const batch of chunks(paths)) {
+    // `<path>\0filter\0<value>\0` for every path, set or not.
+    const fields = (await runGit(git, ["check-attr", "-z", "filter", "--", ...batch])).split("\0");
+    for (let i = 0; i + 2 < fields.length; i += 3) if (fields[i + 2] === "lfs") out.push(fields[i]!);
+  }
+  return out;
+}
+
 /** Tries of one staging: each asks git again which paths changed, so files that vanished drop out. */
 const STAGE_ATTEMPTS = 5;
 

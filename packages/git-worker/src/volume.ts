@@ -67,6 +67,8 @@ export class VolumeState {
   readonly committedPaths = new Set<string>();
   /** Paths over commit.maxFileSize, with their size. */
   readonly skipped = new Map<string, number>();
+  /** Paths written where the driver does not serve them, each told of once: a Git LFS file, a submodule's directory. */
+  readonly notServed = new Set<string>();
   fullScan = false;
   unpushed = 0;
   /**

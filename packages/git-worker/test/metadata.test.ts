@@ -332,6 +332,34 @@ test("ignored paths are not recorded either when a first record asks about more 
   assert.equal(listing(f, commit, "main", "bulk/.storage"), undefined);
 });
 
+test("a path inside a submodule is left out and named, in a batch and in a first record's walk of more paths than one batch", async () => {
+  const { f, wt, treeGit } = await ignoringFixture();
+  await file(path.join(f.tree, "conf.yaml"), 0o640);
+  await file(path.join(f.tree, "vendor/lib/lib.h"), 0o640);
+  // A gitlink, as a submodule's entry is in its superproject: check-ignore refuses a path below it.
+  f.git(["update-index", "--add", "--cacheinfo", `160000,${"1".repeat(40)},vendor/lib`], { GIT_DIR: wt, GIT_WORK_TREE: f.tree });
+  // A record may tell of a path more than once (one wave lists its directory, another patches it): the reporter names it once.
+  const told: [string, string][] = [];
+  const recordIn = (base: string, changedPaths: string[]) =>
+    recordMetadata({ gitDir: f.bare, cache: f.cache, treeDir: f.tree, branch: "main", base, changedPaths, indexFile: f.index, author, tree: treeGit, inSubmodule: (p, s) => told.push([p, s]) });
+
+  const batch = await recordIn("", ["conf.yaml", "vendor/lib/lib.h"]);
+  assert.deepEqual([...new Map(told)], [["vendor/lib/lib.h", "vendor/lib"]]);
+  assert.deepEqual(
+    listing(f, batch, "main", "vendor")?.entries.map((e) => e.name),
+    ["lib"],
+  );
+  assert.equal(listing(f, batch, "main", "vendor/lib"), undefined);
+
+  // The walk lists vendor/bulk and vendor/lib in one wave: more paths than one batch.
+  for (let i = 0; i < 600; i++) await file(path.join(f.tree, "vendor/bulk", `f${i}.yaml`), 0o640);
+  told.length = 0;
+  const walked = await recordIn("", [""]);
+  assert.deepEqual([...new Map(told)], [["vendor/lib/lib.h", "vendor/lib"]]);
+  assert.equal(listing(f, walked, "main", "vendor/bulk")?.entries.length, 600);
+  assert.equal(listing(f, walked, "main", "vendor/lib"), undefined);
+});
+
 test("a replay restores modes, owners and empty directories in a fresh checkout", async () => {
   const f = await fixture();
   await sampleTree(f.tree);
