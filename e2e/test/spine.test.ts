@@ -56,7 +56,7 @@ describe("the spine: three services, the CSI surface, a real FUSE mount", () => 
     assert.deepEqual(controller.capabilities.map((c) => c.rpc?.type).sort(), [C.CREATE_DELETE_VOLUME, C.MODIFY_VOLUME, C.SINGLE_NODE_MULTI_WRITER].sort());
     const node = await call(driver.node.nodeGetCapabilities.bind(driver.node), {}, T);
     const N = csi.NodeServiceCapability_RPC_Type;
-    assert.deepEqual(node.capabilities.map((c) => c.rpc?.type).sort(), [N.STAGE_UNSTAGE_VOLUME, N.SINGLE_NODE_MULTI_WRITER, N.VOLUME_MOUNT_GROUP].sort());
+    assert.deepEqual(node.capabilities.map((c) => c.rpc?.type).sort(), [N.STAGE_UNSTAGE_VOLUME, N.SINGLE_NODE_MULTI_WRITER, N.VOLUME_MOUNT_GROUP, N.GET_VOLUME_STATS, N.VOLUME_CONDITION].sort());
     const plugin = await call(driver.identity.getPluginCapabilities.bind(driver.identity), {}, T);
     assert.deepEqual(
       plugin.capabilities.map((c) => c.service?.type),
