@@ -526,6 +526,8 @@ function kubeletConfig(address: string, cgroupRoot: string, socket: string, clie
     syncFrequency: "10s",
     fileCheckFrequency: "10s",
     nodeStatusUpdateFrequency: "10s",
+    // The kubelet posts a volume's abnormal condition (NodeGetVolumeStats) as a pod event only with this alpha gate.
+    featureGates: { CSIVolumeHealth: true },
     // Otherwise the kubelet creates /usr/libexec/kubernetes/kubelet-plugins on the machine.
     volumePluginDir,
   };

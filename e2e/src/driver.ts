@@ -1,12 +1,14 @@
 // Test and demo helper: the real driver — three services as separate
 // processes under the standalone launcher — and CSI clients on its socket.
+import assert from "node:assert/strict";
 import { type ChildProcess, execFile, spawn } from "node:child_process";
 import * as fs from "node:fs/promises";
 import * as os from "node:os";
 import * as path from "node:path";
 import { promisify } from "node:util";
 import * as net from "node:net";
-import { call, csi, dialUnix, gitWorker, mountOwner } from "@git-csi/protos";
+import { status } from "@grpc/grpc-js";
+import { call, csi, CsiError, dialUnix, gitWorker, mountOwner } from "@git-csi/protos";
 
 export const run = promisify(execFile);
 
@@ -251,6 +253,19 @@ export function volumeLogs(driver: Driver, volumeId: string): string {
     .split("\n")
     .filter((l) => l.includes(`"volume":"${volumeId}"`) && !l.includes('"operation":"probe"'))
     .join("\n");
+}
+
+/** Asserts that a call fails with the code and a message naming every fragment; answers the error. */
+export async function refused(promise: Promise<unknown>, code: status, fragments: string | RegExp | Array<string | RegExp>): Promise<CsiError> {
+  let caught: CsiError | undefined;
+  await assert.rejects(promise, (err: unknown) => {
+    assert.ok(err instanceof CsiError, `expected a CsiError, got ${String(err)}`);
+    assert.equal(status[err.code], status[code], err.message);
+    for (const f of [fragments].flat()) assert.ok(typeof f === "string" ? err.message.includes(f) : f.test(err.message), `message ${JSON.stringify(err.message)} should name ${String(f)}`);
+    caught = err;
+    return true;
+  });
+  return caught!;
 }
 
 export async function waitFor<T>(what: string, probe: () => Promise<T | undefined | false>, timeoutMs = 30_000): Promise<T> {

@@ -7,7 +7,7 @@ import { createInterface } from "node:readline";
 import { after, before, describe, test } from "node:test";
 import { status } from "@grpc/grpc-js";
 import { call, csi, CsiError } from "@git-csi/protos";
-import { type Driver, mountsUnder, run, sh, startDriver, volumeLogs, waitFor } from "../src/driver";
+import { type Driver, mountsUnder, refused, run, sh, startDriver, volumeLogs, waitFor } from "../src/driver";
 import { type GitServer, startGitDaemon } from "../src/git-server";
 
 // Spec 000's retry, restart and cleanup rules of the .rwo-session record and
@@ -41,18 +41,6 @@ function sameEpoch(actual: string | undefined, expected: string | undefined, wha
 
 function otherEpoch(actual: string | undefined, previous: string | undefined, what: string): void {
   assert.ok(typeof actual === "string" && actual !== "" && typeof previous === "string" && actual !== previous, what);
-}
-
-async function refused(promise: Promise<unknown>, code: status, fragments: Array<string | RegExp>): Promise<CsiError> {
-  let caught: CsiError | undefined;
-  await assert.rejects(promise, (err: unknown) => {
-    assert.ok(err instanceof CsiError, `expected a CsiError, got ${String(err)}`);
-    assert.equal(status[err.code], status[code], err.message);
-    for (const f of fragments) assert.ok(typeof f === "string" ? err.message.includes(f) : f.test(err.message), `message ${JSON.stringify(err.message)} should name ${String(f)}`);
-    caught = err;
-    return true;
-  });
-  return caught!;
 }
 
 /**

@@ -1,18 +1,18 @@
 import type { Logger } from "@git-csi/logging";
-import { call, csi, type gitcsi, type mountOwner, unary } from "@git-csi/protos";
+import { call, csi, type gitcsi, type mountOwner, required, unary } from "@git-csi/protos";
 import { checkContextMode, requiredCapability, volumeMountGroupOf } from "./capabilities";
 import { absolutePath, credentialFrom, podOf, sourceOf, volumeIdOf } from "./validate";
 
 /** Staging clones or fetches: it may take as long as the repository needs. */
 const STAGE_TIMEOUT_MS = 10 * 60_000;
 const TIMEOUT_MS = 60_000;
+const Rpc = csi.NodeServiceCapability_RPC_Type;
+const Unit = csi.VolumeUsage_Unit;
 
 export function nodeService(nodeId: string, owner: mountOwner.MountOwnerClient, logger: Logger): Partial<csi.NodeServer> {
   return {
     nodeGetCapabilities: unary("node_get_capabilities", logger, async () => ({
-      capabilities: [csi.NodeServiceCapability_RPC_Type.STAGE_UNSTAGE_VOLUME, csi.NodeServiceCapability_RPC_Type.SINGLE_NODE_MULTI_WRITER, csi.NodeServiceCapability_RPC_Type.VOLUME_MOUNT_GROUP].map(
-        (type) => ({ rpc: { type } }),
-      ),
+      capabilities: [Rpc.STAGE_UNSTAGE_VOLUME, Rpc.SINGLE_NODE_MULTI_WRITER, Rpc.VOLUME_MOUNT_GROUP, Rpc.GET_VOLUME_STATS, Rpc.VOLUME_CONDITION].map((type) => ({ rpc: { type } })),
     })),
 
     nodeGetInfo: unary("node_get_info", logger, async () => ({ nodeId, maxVolumesPerNode: 0, accessibleTopology: undefined })),
@@ -49,7 +49,28 @@ export function nodeService(nodeId: string, owner: mountOwner.MountOwnerClient, 
       await call(owner.unpublishVolume.bind(owner), { volumeId, targetPath }, STAGE_TIMEOUT_MS);
       return {};
     }),
+
+    // volume_path is only required here: a path where the volume is not, a
+    // relative one included, is the mount owner's NotFound, as csi-sanity asks.
+    nodeGetVolumeStats: unary("volume_stats", logger, async (request: csi.NodeGetVolumeStatsRequest) => {
+      const volumeId = volumeIdOf(request.volumeId);
+      const volumePath = required(request.volumePath, "volume_path");
+      const stats = await call(owner.getVolumeStats.bind(owner), { volumeId, volumePath, stagingPath: request.stagingTargetPath }, TIMEOUT_MS);
+      return {
+        usage: [
+          { unit: Unit.BYTES, ...stats.bytes! },
+          { unit: Unit.INODES, ...stats.inodes! },
+        ],
+        volumeCondition: conditionOf(stats.abnormal),
+      };
+    }),
   };
+}
+
+/** The kubelet posts an abnormal condition's message on the pod as a VolumeConditionAbnormal event. */
+function conditionOf(abnormal: string[]): csi.VolumeCondition {
+  if (abnormal.length === 0) return { abnormal: false, message: "normal: the mount epoch holds the volume and the git worker reports nothing wrong" };
+  return { abnormal: true, message: abnormal.join("; ") };
 }
 
 /** What a stage or publish carries about how it mounts. */

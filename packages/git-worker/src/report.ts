@@ -84,7 +84,7 @@ export class VolumeReporter {
     const lease = s.lease.state();
     if (!lease.held) reasons.push(`the mount epoch does not hold the volume: ${lease.message}`);
     if (s.waitingForCredential) reasons.push("waits for its credential: the driver restarted, and the next publish brings the Secret");
-    if (s.onSideBranch) reasons.push(`diverged: pushes go to ${s.sideBranch} until it is merged into ${s.branch}`);
+    if (s.onSideBranch) reasons.push(`on its side branch: ${s.branch} diverged, and pushes go to ${s.sideBranch} until it is merged into ${s.branch}`);
     if (s.refDeleted) reasons.push(`${s.branch} was deleted upstream`);
     if (s.lastCommitError) reasons.push(`the last commit failed, ${s.pending.size} path(s) wait for it: ${s.lastCommitError}`);
     if (s.lastPushError) reasons.push(`the last push failed: ${s.lastPushError}`);

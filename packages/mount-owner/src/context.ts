@@ -5,6 +5,7 @@ import type { gitcsi, gitWorker } from "@git-csi/protos";
 import type { EpochFence } from "./fuse/binding";
 import type { MountSessions } from "./sessions";
 import type { State } from "./state";
+import type { TreeUsage } from "./tree-usage";
 import type { WorkerLink } from "./worker-link";
 
 /** A staged volume's FUSE session, as the mount owner holds it. */
@@ -56,4 +57,6 @@ export interface Owner {
   perVolume: KeyedSerial;
   /** The Kubernetes watch's view of each volume, which overrides what the node recorded. */
   watched: Map<string, WatchedVolume>;
+  /** What each staged tree uses, for NodeGetVolumeStats. */
+  usage: TreeUsage;
 }

@@ -10,6 +10,8 @@ import { resume, type StagedPaths } from "./resume";
 import { MountSessions } from "./sessions";
 import { stage, unstage } from "./stage";
 import { syncMount } from "./sync-mount";
+import { TreeUsage } from "./tree-usage";
+import { volumeStats } from "./volume-stats";
 import { WorkerLink } from "./worker-link";
 
 export type { MountOwnerDeps, StagedMount, WatchedVolume } from "./context";
@@ -46,7 +48,16 @@ export interface MountOwner {
  */
 export function createMountOwner(deps: MountOwnerDeps): MountOwner {
   const sessions = new MountSessions(deps.logger, deps.metrics);
-  const owner: Owner = { deps, state: deps.state, logger: deps.logger, sessions, link: new WorkerLink(deps, sessions), perVolume: new KeyedSerial(), watched: new Map() };
+  const owner: Owner = {
+    deps,
+    state: deps.state,
+    logger: deps.logger,
+    sessions,
+    link: new WorkerLink(deps, sessions),
+    perVolume: new KeyedSerial(),
+    watched: new Map(),
+    usage: new TreeUsage(),
+  };
   return {
     service: mountOwnerService(owner),
     watchWorker: (intervalMs) => owner.link.watch(intervalMs, owner.perVolume),
@@ -88,5 +99,6 @@ function mountOwnerService(owner: Owner): mountOwner.MountOwnerServer {
     publishVolume: serialized("publish", (request: mountOwner.PublishVolumeRequest, volumeId) => publish(owner, request, volumeId)),
     unpublishVolume: serialized("unpublish", (request: mountOwner.UnpublishVolumeRequest, volumeId) => unpublish(owner, request, volumeId)),
     syncMount: unary("sync_mount", logger, async (request: mountOwner.SyncMountRequest) => ({ mounted: await syncMount(owner, required(request.volumeId, "volume_id")) })),
+    getVolumeStats: unary("volume_stats", logger, (request: mountOwner.GetVolumeStatsRequest) => volumeStats(owner, request, required(request.volumeId, "volume_id"))),
   };
 }

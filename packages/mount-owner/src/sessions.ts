@@ -100,6 +100,11 @@ export class MountSessions {
   }
 }
 
+/** Why the session's epoch no longer holds the volume: lost, or its lease's end passed before a renewal noticed. */
+export function whyLost(session: LiveSession): string | undefined {
+  return session.lost ?? (Date.now() >= session.serveUntil ? "the lease ran out unrenewed" : undefined);
+}
+
 export function epochLost(volumeId: string, why: string): CsiError {
   return failedPrecondition(`volume ${volumeId}: the mount epoch no longer holds the volume (${why}); unstage it on this node, then stage it again`);
 }

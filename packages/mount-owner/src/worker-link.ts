@@ -14,6 +14,8 @@ const RELEASE_BUDGET_MS = 5_000;
 /** DeleteVolume does not wait long for a worker that is down: its tree goes when the worker answers. */
 const REMOVE_TIMEOUT_MS = 10_000;
 const PROBE_TIMEOUT_MS = 5_000;
+/** The report is the worker's memory: an answer slower than this is a worker in trouble. */
+const REPORT_TIMEOUT_MS = 10_000;
 
 /** The prepared tree and the claim_mount's outcome for it. */
 export type ClaimedTree = gitWorker.PrepareTreeResponse & gitWorker.ClaimMountResponse;
@@ -169,6 +171,22 @@ export class WorkerLink {
     } catch (err) {
       logger.warn(`the tree of deleted volume ${volumeId} stays until the git worker answers: ${(err as Error).message}`, { volume: volumeId, operation: "delete_volume" });
     }
+  }
+
+  /**
+   * Every reason the git worker's report gives for the volume being abnormal.
+   * A worker that cannot tell is an error, never "normal"; one that restarted
+   * and does not know the volume yet is handed it within seconds (watch).
+   */
+  async abnormal(volumeId: string): Promise<string[]> {
+    const report = await call(this.worker.getReport.bind(this.worker), { volumeId }, REPORT_TIMEOUT_MS).catch((err: CsiError) => {
+      const restarted = err.code === status.NOT_FOUND;
+      throw new CsiError(
+        restarted ? status.UNAVAILABLE : err.code,
+        `volume ${volumeId}: the git worker could not tell the volume's condition${restarted ? " (it restarted and is handed the volume again)" : ""}: ${err.message}`,
+      );
+    });
+    return report.abnormal;
   }
 
   /** Whether the git worker is ready; a worker that does not answer is not. */
