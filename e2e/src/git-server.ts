@@ -479,3 +479,32 @@ export async function logPushes(server: Pick<GitServer, "repoPath">, repo: strin
       .filter((line) => line.trim() !== "")
       .map((line) => line.trim().split(" "));
 }
+
+/** The ways a forge's merge button takes a branch into another: GitHub's and GitLab's three. */
+export type ForgeMerge = "merge" | "squash" | "rebase";
+
+/**
+ * What a forge's merge button does, with a real git in a throwaway clone of
+ * the repository: a merge commit, the branch's changes as one new commit, or
+ * its commits replayed on top of `into`. Where they conflict, the branch's
+ * side wins, as a person resolving them for it would choose.
+ */
+export async function forgeMerge(server: Pick<GitServer, "repoPath">, repo: string, branch: string, kind: ForgeMerge, into = "main"): Promise<void> {
+  const dir = await mkdtemp(path.join(os.tmpdir(), "forge-merge-"));
+  const git = (...args: string[]) => runGit(args, { cwd: dir });
+  try {
+    await git("clone", "--quiet", "--branch", into, server.repoPath(repo), ".");
+    if (kind === "merge") await git("merge", "--quiet", "--no-ff", "-X", "theirs", "-m", `Merge ${branch}`, `origin/${branch}`);
+    if (kind === "squash") {
+      await git("merge", "--quiet", "--squash", "-X", "theirs", `origin/${branch}`);
+      await git("commit", "--quiet", "-m", `${branch} (squashed)`);
+    }
+    if (kind === "rebase") {
+      await git("checkout", "--quiet", "--detach", `origin/${branch}`);
+      await git("rebase", "--quiet", "-X", "theirs", into);
+    }
+    await git("push", "--quiet", "origin", `HEAD:refs/heads/${into}`);
+  } finally {
+    await rm(dir, { recursive: true, force: true });
+  }
+}

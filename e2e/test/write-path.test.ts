@@ -20,8 +20,8 @@ import {
   unpublishAndUnstage,
   waitFor,
 } from "../src/driver";
-import { call } from "@git-csi/protos";
-import { type BareRepoOps, logPushes, refusePushes, runGit, startGitDaemon } from "../src/git-server";
+import { call, type gitWorker } from "@git-csi/protos";
+import { type BareRepoOps, forgeMerge, logPushes, refusePushes, runGit, startGitDaemon } from "../src/git-server";
 import { startHttpGitServer } from "../src/http-server";
 import { startSshGitServer } from "../src/ssh-server";
 
@@ -85,6 +85,18 @@ for (const transport of TRANSPORTS)
       await server.createRepo(repo, { files });
       const created = await createVolume(driver, `vol-${n}`, server.url(repo));
       return { repo, volume: await stageAndPublish(driver, created, undefined, `pod-${n}`, { stage: secret, publish: secret }) };
+    }
+
+    /** The volume staged and published again, on the same node, by a new pod. */
+    async function restage(volume: PublishedVolume): Promise<PublishedVolume> {
+      await unpublishAndUnstage(driver, volume);
+      return stageAndPublish(
+        driver,
+        { volumeId: volume.volumeId, volumeContext: volume.context, capacityBytes: 0, contentSource: undefined, accessibleTopology: [] },
+        undefined,
+        `re-${volume.volumeId}`,
+        { stage: secret, publish: secret },
+      );
     }
 
     test("unarmed, the volume reports what it would commit and commits nothing; a class arms it; removing the class unarms it", async () => {
@@ -350,43 +362,121 @@ for (const transport of TRANSPORTS)
       await unpublishAndUnstage(driver, volume);
     });
 
-    test("a conflicting rebase moves the volume to its side branch; once merged, the next push heals it", async () => {
-      const { repo, volume } = await volumeOn({ "configuration.yaml": "name: home\n" });
-      await setVolumeClass(driver, volume.volumeId, FAST);
-      const side = `main.${volume.volumeId}`;
-      await server.commitFiles(repo, { "configuration.yaml": "name: upstream\n" });
-      await sh(`echo 'name: pod' > '${volume.targetPath}/configuration.yaml'`);
-      await waitFor("the side branch", () => remoteHas(server, repo, side));
-      assert.equal(await remoteFile(server, repo, side, "configuration.yaml"), "name: pod");
-      assert.equal(await remoteFile(server, repo, "main", "configuration.yaml"), "name: upstream");
-      const diverged = await report(driver, volume.volumeId);
-      assert.equal(diverged.sideBranch, side);
-      const event = diverged.recentEvents.find((e) => e.reason === "GitVolumeDiverged");
-      assert.ok(event && event.message.includes(side) && event.message.includes("main"), event?.message);
-      const metrics = await metricsText(driver);
-      assert.equal(metricValue(metrics, "git_csi_diverged", volume.volumeId), 1);
-      assert.equal(metricValue(metrics, "git_csi_volume_abnormal", volume.volumeId), 1);
+    describe("the side branch heals once the ref holds everything it changed, whatever the merge", () => {
+      /**
+       * A volume on its side branch: a write that conflicts with upstream,
+       * then a commit there that changes the same line again, so a squash
+       * replayed commit by commit would conflict with itself; a 0600 file and
+       * an empty directory for refs/git-csi/metadata.
+       */
+      async function onSideBranch(): Promise<{ repo: string; volume: PublishedVolume; side: string }> {
+        const { repo, volume } = await volumeOn({ "configuration.yaml": "name: home\n" });
+        await setVolumeClass(driver, volume.volumeId, FAST);
+        const side = `main.${volume.volumeId}`;
+        await server.commitFiles(repo, { "configuration.yaml": "name: upstream\n" });
+        await sh(`echo 'name: pod' > '${volume.targetPath}/configuration.yaml'`);
+        await waitFor("the side branch", () => remoteHas(server, repo, side));
+        const t = volume.targetPath;
+        await sh(`echo 'name: pod, again' > '${t}/configuration.yaml' && echo more > '${t}/more.txt' && echo s > '${t}/secret.txt' && chmod 0600 '${t}/secret.txt' && mkdir '${t}/cache'`);
+        await waitFor("more.txt on the side branch", () => remoteFile(server, repo, side, "more.txt"));
+        assert.equal(await remoteFile(server, repo, "main", "more.txt"), undefined);
+        return { repo, volume, side };
+      }
 
-      // Commits continue, on the side branch.
-      await sh(`echo more > '${volume.targetPath}/more.txt'`);
-      await waitFor("more.txt on the side branch", () => remoteFile(server, repo, side, "more.txt"));
-      assert.equal(await remoteFile(server, repo, "main", "more.txt"), undefined);
+      /** The volume pushes to its side branch, and says so in its report and metrics. */
+      async function stillDiverged(volume: PublishedVolume, side: string): Promise<gitWorker.VolumeReport> {
+        const r = await report(driver, volume.volumeId);
+        assert.equal(r.sideBranch, side);
+        const metrics = await metricsText(driver);
+        assert.equal(metricValue(metrics, "git_csi_diverged", volume.volumeId), 1);
+        assert.equal(metricValue(metrics, "git_csi_volume_abnormal", volume.volumeId), 1);
+        return r;
+      }
 
-      // A person merges the side branch into main on the forge, taking the pod's side.
-      const sideTip = await server.git(repo, "rev-parse", side);
-      const mainTip = await server.git(repo, "rev-parse", "main");
-      const mergedTree = await server.git(repo, "rev-parse", `${sideTip}^{tree}`);
-      const merge = await server.git(repo, "commit-tree", mergedTree, "-p", mainTip, "-p", sideTip, "-m", `Merge ${side}`);
-      await server.git(repo, "update-ref", "refs/heads/main", merge, mainTip);
+      /** The next push after the forge's merge lands on main: the volume is back there, the side branch gone, nothing lost. */
+      async function healsAtNextPush(repo: string, volume: PublishedVolume, side: string): Promise<void> {
+        await sh(`echo after > '${volume.targetPath}/after-merge.txt'`);
+        await waitFor("after-merge.txt on main", () => remoteFile(server, repo, "main", "after-merge.txt"));
+        await assertHealed(repo, volume, side);
+      }
 
-      await sh(`echo after > '${volume.targetPath}/after-merge.txt'`);
-      await waitFor("after-merge.txt on main", () => remoteFile(server, repo, "main", "after-merge.txt"));
-      assert.equal(await remoteHas(server, repo, side), false, "the side branch is deleted");
-      const healed = await report(driver, volume.volumeId);
-      assert.equal(healed.sideBranch, "");
-      assert.ok(reasons(healed).includes("GitVolumeHealed"));
-      assert.equal(metricValue(await metricsText(driver), "git_csi_diverged", volume.volumeId), 0);
-      await unpublishAndUnstage(driver, volume);
+      async function assertHealed(repo: string, volume: PublishedVolume, side: string): Promise<void> {
+        assert.equal(await remoteHas(server, repo, side), false, "the side branch is deleted");
+        assert.equal(await remoteFile(server, repo, "main", "configuration.yaml"), "name: pod, again");
+        assert.equal(await remoteFile(server, repo, "main", "more.txt"), "more");
+        assert.equal(await sh(`cat '${volume.targetPath}/configuration.yaml'`), "name: pod, again\n");
+        const healed = await report(driver, volume.volumeId);
+        assert.equal(healed.sideBranch, "");
+        assert.ok(reasons(healed).includes("GitVolumeHealed"), reasons(healed).join());
+        assert.equal(healed.pushFailures, 0, "no push failed on the way");
+        const metrics = await metricsText(driver);
+        assert.equal(metricValue(metrics, "git_csi_diverged", volume.volumeId), 0);
+        await waitFor("the abnormal gauge cleared", async () => metricValue(await metricsText(driver), "git_csi_volume_abnormal", volume.volumeId) === 0);
+        // refs/git-csi/metadata describes the healed tree under the ref's name alone: the 0600 file and the empty directory.
+        assert.equal(await server.git(repo, "ls-tree", "--name-only", "refs/git-csi/metadata"), "main");
+        const root = await server.git(repo, "show", "refs/git-csi/metadata:main/da/da39a3ee5e6b4b0d3255bfef95601890afd80709");
+        assert.match(root, /\{"name":"secret\.txt","type":"file","mode":384,/);
+        assert.match(root, /\{"name":"cache","type":"dir",/);
+      }
+
+      test("a merge commit: the next push heals it", async () => {
+        const { repo, volume, side } = await onSideBranch();
+        assert.equal(await remoteFile(server, repo, side, "configuration.yaml"), "name: pod, again");
+        assert.equal(await remoteFile(server, repo, "main", "configuration.yaml"), "name: upstream");
+        const event = (await stillDiverged(volume, side)).recentEvents.find((e) => e.reason === "GitVolumeDiverged");
+        assert.ok(event && event.message.includes(side) && event.message.includes("main"), event?.message);
+        await forgeMerge(server, repo, side, "merge");
+        await healsAtNextPush(repo, volume, side);
+        await unpublishAndUnstage(driver, volume);
+      });
+
+      for (const kind of ["squash", "rebase"] as const)
+        test(`a ${kind} merge: no merge commit names the side branch, and the next push heals it`, async () => {
+          const { repo, volume, side } = await onSideBranch();
+          await forgeMerge(server, repo, side, kind);
+          const sideTip = await server.git(repo, "rev-parse", side);
+          await assert.rejects(server.git(repo, "merge-base", "--is-ancestor", sideTip, "main"), "main does not contain the side branch's commits");
+          await healsAtNextPush(repo, volume, side);
+          await unpublishAndUnstage(driver, volume);
+        });
+
+      test("a squash merge, then the forge deletes the side branch: the next push heals it, and no push fails", async () => {
+        const { repo, volume, side } = await onSideBranch();
+        await forgeMerge(server, repo, side, "squash");
+        await server.git(repo, "update-ref", "-d", `refs/heads/${side}`);
+        await healsAtNextPush(repo, volume, side);
+        await unpublishAndUnstage(driver, volume);
+      });
+
+      test("a squash merge, and the side branch deleted, while the pod was away: the volume heals at stage", async () => {
+        const { repo, volume, side } = await onSideBranch();
+        await unpublishAndUnstage(driver, volume);
+        await forgeMerge(server, repo, side, "squash");
+        await server.git(repo, "update-ref", "-d", `refs/heads/${side}`);
+        const again = await restage(volume);
+        await assertHealed(repo, again, side);
+        await unpublishAndUnstage(driver, again);
+      });
+
+      test("the side branch deleted on the forge without its changes in main: it is pushed again with every commit, never healed into loss", async () => {
+        const { repo, volume, side } = await onSideBranch();
+        await server.git(repo, "update-ref", "-d", `refs/heads/${side}`);
+        await sh(`echo later > '${volume.targetPath}/later.txt'`);
+        await waitFor("the side branch pushed again", () => remoteFile(server, repo, side, "later.txt"));
+        assert.equal(await remoteFile(server, repo, side, "configuration.yaml"), "name: pod, again");
+        assert.equal(await remoteFile(server, repo, side, "more.txt"), "more");
+        assert.equal(await remoteFile(server, repo, "main", "configuration.yaml"), "name: upstream", "main takes nothing no person merged");
+        assert.equal(await remoteFile(server, repo, "main", "later.txt"), undefined);
+        const r = await stillDiverged(volume, side);
+        assert.equal(r.pushFailures, 0);
+        assert.ok(!reasons(r).includes("GitVolumeHealed"), reasons(r).join());
+        const event = r.recentEvents.find((e) => e.reason === "GitVolumeRefDeleted");
+        assert.ok(event?.type === "Warning" && event.message.includes(`${side} was deleted on the forge`) && event.message.includes("main does not hold"), event?.message);
+        // Merged now, it heals as any side branch does.
+        await forgeMerge(server, repo, side, "squash");
+        await healsAtNextPush(repo, volume, side);
+        await unpublishAndUnstage(driver, volume);
+      });
     });
 
     test("a file the application changed (not yet committed) that upstream changed too moves the volume to its side branch, and the application's file is kept", async () => {
@@ -517,17 +607,6 @@ for (const transport of TRANSPORTS)
         await waitFor("a failed push", async () => (await report(driver, volume.volumeId)).pushFailures > 0);
         await unpublishAndUnstage(driver, volume);
         await allowPushes();
-      }
-
-      async function restage(volume: PublishedVolume): Promise<PublishedVolume> {
-        await unpublishAndUnstage(driver, volume);
-        return stageAndPublish(
-          driver,
-          { volumeId: volume.volumeId, volumeContext: volume.context, capacityBytes: 0, contentSource: undefined, accessibleTopology: [] },
-          undefined,
-          `re-${volume.volumeId}`,
-          { stage: secret, publish: secret },
-        );
       }
 
       test("behind: the tree takes upstream", async () => {

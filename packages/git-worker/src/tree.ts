@@ -14,6 +14,18 @@ export async function isAncestor(git: SimpleGit, ancestor: string, descendant: s
   return (await runGit(git, ["merge-base", ancestor, descendant])).trim() === ancestor;
 }
 
+/**
+ * Whether `into` holds every change `from` made since their merge base,
+ * however it got there: a merge, a squash, a rebase. Merging `from` into
+ * `into` then conflicts nowhere and leaves `into`'s tree as it is.
+ */
+export async function holdsChanges(git: SimpleGit, into: string, from: string): Promise<boolean> {
+  if (await isAncestor(git, from, into)) return true;
+  // A conflict is not an error here: git answers the tree and the conflicted paths with exit code 1.
+  const merged = (await runGit(git, ["merge-tree", "--write-tree", "--no-messages", "--name-only", "--allow-unrelated-histories", into, from])).trim();
+  return merged === (await runGit(git, ["rev-parse", "--verify", `${into}^{tree}`])).trim();
+}
+
 export async function countCommits(git: SimpleGit, from: string, to: string): Promise<number> {
   const argv = ["rev-list", "--count", ...(from === "" ? [to] : [`${from}..${to}`])];
   const out = (await runGit(git, argv)).trim();

@@ -9,7 +9,7 @@ import type { VolumeReporter } from "./report";
 import type { SyncScheduler } from "./schedule";
 import { type PreparedTree, volumeBranchRef } from "./stage";
 import { UPSTREAM_METADATA, upstreamRef } from "./store";
-import { canMoveTree, countCommits, isAncestor, moveTree, revParse, statusOf } from "./tree";
+import { canMoveTree, countCommits, holdsChanges, isAncestor, moveTree, revParse, statusOf } from "./tree";
 import type { VolumeState } from "./volume";
 
 /**
@@ -24,11 +24,11 @@ export class VolumeUpstream {
     private readonly scheduler: SyncScheduler,
   ) {}
 
-  /** Counts the commits the push branch lacks. */
+  /** Counts the commits the push branch lacks: a side branch not (or no longer) on the remote lacks what the ref lacks. */
   async refreshUnpushed(): Promise<void> {
     const s = this.s;
     const head = await revParse(s.tree, "HEAD");
-    const pushed = await revParse(s.repo, upstreamRef(s.pushBranch));
+    const pushed = (await revParse(s.repo, upstreamRef(s.pushBranch))) || (s.onSideBranch ? await revParse(s.repo, upstreamRef(s.branch)) : "");
     s.unpushed = head === "" ? 0 : await countCommits(s.repo, pushed, head);
     if (s.unpushed === 0) s.unpushedBytes = 0;
     if (s.unpushed === 0 && s.pending.size === 0) this.scheduler.caughtUp();
@@ -44,17 +44,21 @@ export class VolumeUpstream {
    */
   async reconcileAtStage(fetched: PreparedTree["fetched"]): Promise<void> {
     const s = this.s;
+    // The side branch the node last pushed tells where pushes go until a fetch tells more, even one the forge deleted since.
+    const sidePushed = (await revParse(s.repo, upstreamRef(s.sideBranch))) !== "";
     if (fetched === "skipped") {
-      // The side branch the node last pushed tells where pushes go until the credential allows a fetch.
-      s.onSideBranch = (await revParse(s.repo, upstreamRef(s.sideBranch))) !== "";
+      s.onSideBranch = sidePushed;
       return;
     }
-    s.onSideBranch = (await s.remote((repo) => fetchBranch(repo, s.sideBranch))) === "fetched";
     if (fetched === "missing") {
+      // Pushes go to the side branch: its compare-and-swap needs the remote's side branch as it is.
+      await s.remote((repo) => fetchBranch(repo, s.sideBranch));
       s.onSideBranch = true;
       this.noteRefDeleted();
       return;
     }
+    // Another node may have pushed the side branch; tryToHeal fetches it again, after it read what this node pushed.
+    s.onSideBranch = sidePushed || (await s.remote((repo) => fetchBranch(repo, s.sideBranch))) === "fetched";
     if (s.onSideBranch) {
       await this.tryToHeal();
       if (s.onSideBranch) this.report.emit(Reason.Diverged, "Warning", `the volume pushes to ${s.sideBranch} until it is merged into ${s.branch} on the forge`);
@@ -170,11 +174,12 @@ export class VolumeUpstream {
   /**
    * The rebased commit, or undefined when the rebase conflicted (and was
    * aborted). Any other failure is git's error, never taken for a conflict.
+   * `after`: only the commits after it are replayed, its own being in `onto`.
    */
-  private async rebaseInScratch(head: string, onto: string): Promise<string | undefined> {
+  private async rebaseInScratch(head: string, onto: string, after?: string): Promise<string | undefined> {
     const git = await this.scratchAt(head);
     try {
-      await runGit(git, ["rebase", "--quiet", onto]);
+      await runGit(git, ["rebase", "--quiet", ...(after === undefined ? [onto] : ["--onto", onto, after])]);
     } catch (err) {
       // Not a conflict: the next scratchAt aborts what is left, or makes the scratch again.
       if ((await runGit(git, ["diff", "--name-only", "--diff-filter=U"])).trim() === "") throw err;
@@ -222,21 +227,62 @@ export class VolumeUpstream {
     await this.refreshUnpushed();
   }
 
-  /** On the side branch: once a person merged it into the ref, the volume returns to the ref. */
+  /**
+   * On the side branch: the volume returns to the ref once the ref holds
+   * everything the side branch changed, whether a person merged it, squashed
+   * it or rebased it in on the forge, and whether the forge then deleted it
+   * or not. The commits the tree made since its last push to the side branch
+   * are rebased onto the ref; where they conflict, the volume stays.
+   */
   async tryToHeal(): Promise<void> {
     const s = this.s;
+    // What this node last pushed there: the forge may have deleted the branch since, and the fetch drops the node's view with it.
     const sidePushed = await revParse(s.repo, upstreamRef(s.sideBranch));
+    const sideDeleted = (await s.remote((repo) => fetchBranch(repo, s.sideBranch))) === "missing";
     if ((await s.remote((repo) => fetchBranch(repo, s.branch))) === "missing") return;
     s.refDeleted = false;
     const upstream = await revParse(s.repo, upstreamRef(s.branch));
-    if (sidePushed === "" || !(await isAncestor(s.repo, sidePushed, upstream))) return;
     const head = await revParse(s.tree, "HEAD");
-    const rebased = await this.rebaseInScratch(head, upstream);
-    if (rebased === undefined || !(await this.moveTree(head, rebased))) return;
-    s.onSideBranch = false;
-    const deleted = await s.fenced((repo, fence) => deleteBranch(repo, s.sideBranch, fence));
-    if (deleted.outcome !== "pushed") s.log("warn", `the merged side branch ${s.sideBranch} stays on the remote: ${deleted.message}`, "heal");
-    this.report.emit(Reason.Healed, "Normal", `${s.sideBranch} was merged into ${s.branch}: the volume is back on ${s.branch} and the side branch is deleted`);
+    // The side branch as the remote holds it (a person may have added to it), else as this node pushed it, else the tree's own commits.
+    const side = (await revParse(s.repo, upstreamRef(s.sideBranch))) || sidePushed || head;
+    if (!(await holdsChanges(s.repo, upstream, side)) || !(await this.returnToRef(head, upstream, side))) {
+      if (sideDeleted) await this.keepDeletedSideBranch(sidePushed !== "");
+      return;
+    }
+    if (!sideDeleted) {
+      const deleted = await s.fenced((repo, fence) => deleteBranch(repo, s.sideBranch, fence));
+      if (deleted.outcome !== "pushed") s.log("warn", `the merged side branch ${s.sideBranch} stays on the remote: ${deleted.message}`, "heal");
+    }
+    this.report.emit(Reason.Healed, "Normal", `${s.branch} holds everything ${s.sideBranch} changed: the volume is back on ${s.branch} and the side branch is ${sideDeleted ? "gone" : "deleted"}`);
+    await this.refreshUnpushed();
+  }
+
+  /** The tree moves onto the ref with the commits it made after `side`; false, and nothing moved, where they conflict. */
+  private async returnToRef(head: string, upstream: string, side: string): Promise<boolean> {
+    const rebased = await this.rebaseInScratch(head, upstream, side);
+    if (rebased === undefined || !(await this.moveTree(head, rebased))) return false;
+    this.s.onSideBranch = false;
+    return true;
+  }
+
+  /**
+   * The forge deleted the side branch though the ref lacks some of what it
+   * changed (deleted by hand, or a merge that left part of it out). Returning
+   * to the ref would push those writes there unreviewed or drop them; the
+   * side branch is the one place they wait for a person. So the volume stays
+   * on it and pushes it again, with all its commits: no acknowledged write is
+   * lost, and the forge shows it again. `seen`: this node had pushed it, so
+   * this is news (a push that has not landed since says nothing again).
+   */
+  private async keepDeletedSideBranch(seen: boolean): Promise<void> {
+    const s = this.s;
+    if (seen) {
+      this.report.emit(
+        Reason.RefDeleted,
+        "Warning",
+        `${s.sideBranch} was deleted on the forge, but ${s.branch} does not hold everything it changed: the volume pushes ${s.sideBranch} again with all its commits, so nothing is lost; merge it into ${s.branch} and the volume returns to ${s.branch}`,
+      );
+    }
     await this.refreshUnpushed();
   }
 }
