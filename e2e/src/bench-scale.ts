@@ -12,6 +12,7 @@
 // every remote ref moved, and the pushes received meanwhile.
 import * as fs from "node:fs/promises";
 import * as path from "node:path";
+import { setTimeout as sleep } from "node:timers/promises";
 import { createVolume, type Driver, freePort, type PublishedVolume, report, setVolumeClass, stageAndPublish, startDriver, unpublishAndUnstage } from "./driver";
 import { type GitServer, logPushes, startGitDaemon } from "./git-server";
 
@@ -40,8 +41,6 @@ export interface ScaleSection {
   idlePushesPerMinute: number[];
   writes: { allPushedS: number; pushes: number[] };
 }
-
-const sleep = (ms: number) => new Promise<void>((r) => setTimeout(r, ms));
 
 function median(values: number[]): number {
   const s = [...values].sort((a, b) => a - b);

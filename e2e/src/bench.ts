@@ -26,6 +26,7 @@ import * as fs from "node:fs/promises";
 import * as os from "node:os";
 import * as path from "node:path";
 import { parseArgs } from "node:util";
+import { setTimeout as sleep } from "node:timers/promises";
 import { createVolume, type Driver, freePort, mountsUnder, type PublishedVolume, report, setVolumeClass, stageAndPublish, startDriver, unpublishAndUnstage } from "./driver";
 import { gitEnv, type GitServer, startGitDaemon } from "./git-server";
 import { runScale, type ScaleConfig, type ScaleSection, scaleMarkdown } from "./bench-scale";
@@ -588,8 +589,6 @@ interface CommitSection {
   /** Large tree over small tree, median over median. */
   growth: { driverTotal: number; driverMinusQuiesce: number; driverPending: number; driverCommitted: number; driverPush: number; byHand: number; fullScan: number; status: number; pushAlone: number };
 }
-
-const sleep = (ms: number) => new Promise<void>((r) => setTimeout(r, ms));
 
 /** Polls until probe gives a value; stops at a signal. */
 async function until<T>(what: string, probe: () => Promise<T | undefined | false>, timeoutMs = 60_000, everyMs = 50): Promise<T> {

@@ -6,6 +6,7 @@ import * as os from "node:os";
 import * as path from "node:path";
 import { promisify } from "node:util";
 import * as net from "node:net";
+import { setTimeout as sleep } from "node:timers/promises";
 import { call, csi, dialUnix, gitWorker, mountOwner } from "@git-csi/protos";
 
 export const run = promisify(execFile);
@@ -245,7 +246,7 @@ export async function waitFor<T>(what: string, probe: () => Promise<T | undefine
       last = err;
     }
     if (Date.now() > deadline) throw new Error(`timed out after ${timeoutMs} ms waiting for ${what}${last ? `: ${String(last)}` : ""}`);
-    await new Promise((r) => setTimeout(r, 100));
+    await sleep(100);
   }
 }
 

@@ -17,6 +17,7 @@ import { mkdtemp, mkdir, readFile, rm, writeFile } from "node:fs/promises";
 import * as net from "node:net";
 import * as os from "node:os";
 import * as path from "node:path";
+import { setTimeout as sleep } from "node:timers/promises";
 
 export interface CreateRepoOptions {
   /** Branch of the initial commit; also becomes HEAD. Default "main". */
@@ -172,8 +173,6 @@ export function freePort(): Promise<number> {
     });
   });
 }
-
-const sleep = (ms: number) => new Promise<void>((r) => setTimeout(r, ms));
 
 /** Write a commit into a bare repo via a throwaway index (supports nested paths). */
 async function writeCommit(gitDir: string, tmpDir: string, parent: string | undefined, files: Record<string, string | Uint8Array>, remove: readonly string[], message: string): Promise<string> {

@@ -21,6 +21,7 @@ import { mkdtemp, mkdir, readFile, rm, writeFile } from "node:fs/promises";
 import * as http from "node:http";
 import * as os from "node:os";
 import * as path from "node:path";
+import { setTimeout as sleep } from "node:timers/promises";
 
 import { bareRepoOps, freePort, gitEnv, killProcessTreeSync, stopProcessTree, type BareRepoOps } from "./git-server";
 
@@ -61,8 +62,6 @@ function probe(port: number): Promise<{ status: number; wwwAuthenticate: string 
     req.on("error", () => resolve(undefined));
   });
 }
-
-const sleep = (ms: number) => new Promise<void>((r) => setTimeout(r, ms));
 
 export async function startHttpGitServer(): Promise<HttpGitServer> {
   const tmpRoot = await mkdtemp(path.join(os.tmpdir(), "git-csi-httpd-"));
