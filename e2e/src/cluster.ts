@@ -38,6 +38,7 @@ import * as fs from "node:fs/promises";
 import * as path from "node:path";
 import { execFile } from "node:child_process";
 import { promisify } from "node:util";
+import { setTimeout as sleep } from "node:timers/promises";
 import { HELM } from "./chart";
 import { kubeBinDir, runTool, until, watched, type Watched } from "./kube";
 import { PAUSE_IMAGE, publicImageRefs, type Registry, REGISTRY_ADDRESS, seedPublicImages, startRegistry, writeHostsConfig } from "./registry";
@@ -458,7 +459,7 @@ function kubeletArgs(name: string, address: string, dir: string, netns: string, 
 async function settleFreezer(freezer: string, state: "FROZEN" | "THAWED"): Promise<void> {
   await fs.writeFile(freezer, state);
   // FREEZING until every task stopped.
-  while ((await fs.readFile(freezer, "utf8")).trim() !== state) await new Promise((r) => setTimeout(r, 100));
+  while ((await fs.readFile(freezer, "utf8")).trim() !== state) await sleep(100);
 }
 
 function containerdConfig(root: string, socket: string, netd: string, registries: string, address: string): string {

@@ -7,6 +7,7 @@ import * as os from "node:os";
 import * as path from "node:path";
 import { promisify } from "node:util";
 import * as net from "node:net";
+import { setTimeout as sleep } from "node:timers/promises";
 import { status } from "@grpc/grpc-js";
 import { call, csi, CsiError, dialUnix, gitWorker, mountOwner } from "@git-csi/protos";
 
@@ -279,7 +280,7 @@ export async function waitFor<T>(what: string, probe: () => Promise<T | undefine
       last = err;
     }
     if (Date.now() > deadline) throw new Error(`timed out after ${timeoutMs} ms waiting for ${what}${last ? `: ${String(last)}` : ""}`);
-    await new Promise((r) => setTimeout(r, 100));
+    await sleep(100);
   }
 }
 

@@ -12,11 +12,11 @@
 // author/committer identity, no terminal prompts).
 
 import { spawn, type ChildProcess } from "node:child_process";
-import { readdirSync, readFileSync } from "node:fs";
 import { mkdtemp, mkdir, readFile, rm, writeFile } from "node:fs/promises";
 import * as net from "node:net";
 import * as os from "node:os";
 import * as path from "node:path";
+import { setTimeout as sleep } from "node:timers/promises";
 
 export interface CreateRepoOptions {
   /** Branch of the initial commit; also becomes HEAD. Default "main". */
@@ -175,8 +175,6 @@ export function freePort(): Promise<number> {
   });
 }
 
-const sleep = (ms: number) => new Promise<void>((r) => setTimeout(r, ms));
-
 /** Write a commit into a bare repo via a throwaway index (supports nested paths). */
 async function writeCommit(gitDir: string, tmpDir: string, parent: string | undefined, files: Record<string, string | Uint8Array>, opts: CommitFilesOptions & { message: string }): Promise<string> {
   const { remove = [], gitlinks = {}, message } = opts;
@@ -249,76 +247,6 @@ export function bareRepoOps(baseDir: string, workDir: string): BareRepoOps {
       return runGit([`--git-dir=${repoPath(repo)}`, ...args]);
     },
   };
-}
-
-/** Live (non-zombie) descendants of `root`, from /proc (Linux only). */
-function liveDescendants(root: number): { pid: number; ppid: number }[] {
-  const procs: { pid: number; ppid: number }[] = [];
-  for (const ent of readdirSync("/proc")) {
-    if (!/^[0-9]+$/.test(ent)) continue;
-    try {
-      const stat = readFileSync(`/proc/${ent}/stat`, "utf8");
-      // "pid (comm) state ppid ...": comm may contain spaces and parens
-      const [state, ppid] = stat.slice(stat.lastIndexOf(")") + 2).split(" ");
-      if (state !== "Z" && state !== "X") procs.push({ pid: Number(ent), ppid: Number(ppid) });
-    } catch {
-      /* exited meanwhile */
-    }
-  }
-  const inTree = new Set([root]);
-  const out: { pid: number; ppid: number }[] = [];
-  for (let grew = true; grew;) {
-    grew = false;
-    for (const p of procs) {
-      if (!inTree.has(p.pid) && inTree.has(p.ppid)) {
-        inTree.add(p.pid);
-        out.push(p);
-        grew = true;
-      }
-    }
-  }
-  return out;
-}
-
-function signal(pid: number, sig: NodeJS.Signals): void {
-  try {
-    process.kill(pid, sig);
-  } catch {
-    /* already gone */
-  }
-}
-
-/**
- * Stop a server process and every process below it, even ones that left its
- * process group (sshd puts each connection in its own session). The server is
- * frozen (SIGSTOP: no new connections or forks), its subtree is killed leaves
- * first so that every process is reaped by its own (running) parent, then the
- * server gets SIGTERM+SIGCONT (SIGKILL after `graceMs`) and is reaped by us.
- */
-export async function stopProcessTree(child: ChildProcess, graceMs = 3_000): Promise<void> {
-  const pid = child.pid;
-  if (pid === undefined || child.exitCode !== null || child.signalCode !== null) return;
-  const gone = new Promise<void>((r) => child.once("exit", () => r()));
-  signal(pid, "SIGSTOP");
-  for (let round = 0; round < 200; round++) {
-    const desc = liveDescendants(pid);
-    if (desc.length === 0) break;
-    const parents = new Set(desc.map((p) => p.ppid));
-    for (const p of desc) if (!parents.has(p.pid)) signal(p.pid, "SIGKILL");
-    await sleep(10);
-  }
-  signal(pid, "SIGTERM");
-  signal(pid, "SIGCONT");
-  const t = setTimeout(() => signal(pid, "SIGKILL"), graceMs);
-  await gone;
-  clearTimeout(t);
-}
-
-/** Synchronous last resort (process "exit" hook): SIGKILL the process and its whole tree. */
-export function killProcessTreeSync(pid: number): void {
-  signal(pid, "SIGSTOP");
-  for (const p of liveDescendants(pid)) signal(p.pid, "SIGKILL");
-  signal(pid, "SIGKILL");
 }
 
 /** A git daemon that can also be taken down and brought back on its port: a remote that is away for a while. */

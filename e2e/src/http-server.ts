@@ -14,15 +14,16 @@
 // own minimal config (no /etc/lighttpd, no :80, error log / pid file / upload
 // dir in the temp dir); no system service is involved. Linux only.
 
-import { spawn, type ChildProcess } from "node:child_process";
+import { spawn } from "node:child_process";
 import { randomBytes } from "node:crypto";
-import { renameSync, rmSync, writeFileSync } from "node:fs";
-import { mkdtemp, mkdir, readFile, rm, writeFile } from "node:fs/promises";
+import { renameSync, writeFileSync } from "node:fs";
+import { mkdir, readFile, writeFile } from "node:fs/promises";
 import * as http from "node:http";
-import * as os from "node:os";
 import * as path from "node:path";
+import { setTimeout as sleep } from "node:timers/promises";
 
-import { bareRepoOps, freePort, gitEnv, killProcessTreeSync, stopProcessTree, type BareRepoOps } from "./git-server";
+import { bareRepoOps, gitEnv, type BareRepoOps } from "./git-server";
+import { type Launch, type ServedProcess, ServerRoot } from "./server-process";
 
 const LIGHTTPD = "/usr/sbin/lighttpd";
 const HTTP_BACKEND = "/usr/lib/git-core/git-http-backend";
@@ -45,7 +46,6 @@ export interface HttpGitServer extends BareRepoOps {
   stop(): Promise<void>;
 }
 
-const SAFE_PATH = /^\/[A-Za-z0-9._/-]+$/;
 const USERNAME = "git";
 
 const newToken = () => randomBytes(24).toString("base64url"); // [A-Za-z0-9_-], never ":"
@@ -62,59 +62,32 @@ function probe(port: number): Promise<{ status: number; wwwAuthenticate: string 
   });
 }
 
-const sleep = (ms: number) => new Promise<void>((r) => setTimeout(r, ms));
-
 export async function startHttpGitServer(): Promise<HttpGitServer> {
-  const tmpRoot = await mkdtemp(path.join(os.tmpdir(), "git-csi-httpd-"));
   // the path ends up inside double-quoted lighttpd config strings
-  if (!SAFE_PATH.test(tmpRoot)) {
-    await rm(tmpRoot, { recursive: true, force: true });
-    throw new Error(`temp dir ${JSON.stringify(tmpRoot)} has characters unsafe for lighttpd.conf`);
-  }
-  const at = pathsUnder(tmpRoot);
-  const { baseDir, workDir, userFile, errorLog, configFile } = at;
+  const root = await ServerRoot.create("git-csi-httpd-", "lighttpd.conf");
+  const at = pathsUnder(root.dir);
+  const { baseDir, workDir, userFile, configFile } = at;
   const realm = `git-csi-e2e-${randomBytes(6).toString("hex")}`; // unique: the readiness probe knows it hit *this* lighttpd
 
-  let lighttpd: Lighttpd | undefined;
   let users: UserFile;
-  let port = 0;
-  const onExit = () => {
-    // the test process is exiting without stop(): kill everything, drop the temp dir
-    if (lighttpd?.child.pid !== undefined && !lighttpd.exited) killProcessTreeSync(lighttpd.child.pid);
-    rmSync(tmpRoot, { recursive: true, force: true });
-  };
-  process.once("exit", onExit);
-
+  let launched: { port: number; pid: number };
   try {
     await mkdir(baseDir);
     await mkdir(workDir);
     await mkdir(at.docRoot);
     await mkdir(at.uploadDir, { mode: 0o700 });
     users = new UserFile(userFile);
-
-    for (let attempt = 1; ; attempt++) {
-      port = await freePort();
+    launched = await root.launch("lighttpd", "127.0.0.1", async (port) => {
       await writeFile(configFile, lighttpdConfig({ ...at, port, realm }));
-      const launched = await launchLighttpd(configFile, port, realm);
-      lighttpd = launched.lighttpd;
-      if (launched.ready) break;
-      await stopProcessTree(lighttpd.child, 500);
-      lighttpd = undefined;
-      const log = await readFile(errorLog, "utf8").catch(() => "");
-      const why = `${launched.stderrTail.trim()}\n${log.trim()}`.trim();
-      if (!/Address already in use|can't bind/i.test(why) || attempt >= 5) {
-        throw new Error(`lighttpd did not start on 127.0.0.1:${port}: ${why}`);
-      }
-    }
+      return launchLighttpd(at, port, realm);
+    });
   } catch (e) {
-    process.removeListener("exit", onExit);
-    await rm(tmpRoot, { recursive: true, force: true });
+    await root.stop();
     throw e;
   }
 
   const ops = bareRepoOps(baseDir, workDir);
-  const pid = lighttpd!.child.pid as number;
-  let stopped = false;
+  const { port, pid } = launched;
   const server: HttpGitServer = {
     ...ops,
     port,
@@ -131,13 +104,7 @@ export async function startHttpGitServer(): Promise<HttpGitServer> {
       return `Authorization: Basic ${Buffer.from(`${USERNAME}:${t}`).toString("base64")}`;
     },
     rotateToken: () => users.rotate(),
-    async stop() {
-      if (stopped) return;
-      stopped = true;
-      if (lighttpd && !lighttpd.exited) await stopProcessTree(lighttpd.child);
-      process.removeListener("exit", onExit);
-      await rm(tmpRoot, { recursive: true, force: true });
-    },
+    stop: () => root.stop(),
   };
   return server;
 }
@@ -178,15 +145,9 @@ class UserFile {
   }
 }
 
-/** A lighttpd this server started; exited once it is gone. */
-interface Lighttpd {
-  child: ChildProcess;
-  exited: boolean;
-}
-
 /** The private lighttpd's configuration: git http-backend under /git/, basic auth from the users file. */
 function lighttpdConfig(at: { port: number; docRoot: string; errorLog: string; pidFile: string; uploadDir: string; userFile: string; realm: string; baseDir: string }): string {
-  const q = (s: string) => JSON.stringify(s); // safe: paths are checked against SAFE_PATH
+  const q = (s: string) => JSON.stringify(s); // safe: ServerRoot checks the paths
   return [
     "# git-csi e2e: private lighttpd, see e2e/src/http-server.ts",
     `server.modules = ( "mod_access", "mod_alias", "mod_auth", "mod_authn_file", "mod_setenv", "mod_cgi" )`,
@@ -219,9 +180,9 @@ function lighttpdConfig(at: { port: number; docRoot: string; errorLog: string; p
 }
 
 /** Starts lighttpd; ready once it answers 401 with this server's realm, not when it exits or after 10 s. */
-async function launchLighttpd(configFile: string, port: number, realm: string): Promise<{ lighttpd: Lighttpd; ready: boolean; stderrTail: string }> {
-  const child = spawn(LIGHTTPD, ["-D", "-f", configFile], { env: gitEnv(), stdio: ["ignore", "pipe", "pipe"] });
-  const lighttpd: Lighttpd = { child, exited: false };
+async function launchLighttpd(at: { configFile: string; errorLog: string }, port: number, realm: string): Promise<Launch> {
+  const child = spawn(LIGHTTPD, ["-D", "-f", at.configFile], { env: gitEnv(), stdio: ["ignore", "pipe", "pipe"] });
+  const lighttpd: ServedProcess = { child, exited: false };
   let stderrTail = "";
   const tail = (b: Buffer) => {
     stderrTail = (stderrTail + b.toString("utf8")).slice(-8192);
@@ -236,8 +197,10 @@ async function launchLighttpd(configFile: string, port: number, realm: string): 
   const deadline = Date.now() + 10_000;
   while (!lighttpd.exited && Date.now() < deadline) {
     const r = await probe(port);
-    if (r && r.status === 401 && r.wwwAuthenticate.includes(realm)) return { lighttpd, ready: !lighttpd.exited, stderrTail };
+    if (r && r.status === 401 && r.wwwAuthenticate.includes(realm)) return { process: lighttpd, ready: !lighttpd.exited, why: "" };
     await sleep(25);
   }
-  return { lighttpd, ready: false, stderrTail };
+  // lighttpd says why it could not bind in its error log
+  const log = await readFile(at.errorLog, "utf8").catch(() => "");
+  return { process: lighttpd, ready: false, why: `${stderrTail.trim()}\n${log.trim()}`.trim() };
 }

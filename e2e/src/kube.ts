@@ -39,6 +39,7 @@ import * as os from "node:os";
 import * as path from "node:path";
 import type { TestContext } from "node:test";
 import { promisify } from "node:util";
+import { setTimeout as sleep } from "node:timers/promises";
 import { freePort } from "./driver";
 
 export interface Kube {
@@ -324,7 +325,7 @@ export async function until(what: string, p: Watched, probe: () => Promise<boole
       last = err;
     }
     if (Date.now() > deadline) throw new Error(`timed out after ${timeoutMs} ms waiting until ${what}${last ? ` (${String(last)})` : ""}; ${p.log} ends:\n${await tail(p.log)}`);
-    await new Promise((r) => setTimeout(r, 250));
+    await sleep(250);
   }
 }
 

@@ -22,13 +22,13 @@
 // git-upload-archive run (no pty, no forwarding of any kind). Repositories are
 // addressed by absolute path: ssh://root@127.0.0.1:<port>/tmp/.../repos/<repo>.
 
-import { spawn, type ChildProcess } from "node:child_process";
-import { chmodSync, renameSync, rmSync, writeFileSync } from "node:fs";
-import { mkdtemp, mkdir, readFile, rm, stat, writeFile } from "node:fs/promises";
-import * as os from "node:os";
+import { spawn } from "node:child_process";
+import { chmodSync, renameSync, writeFileSync } from "node:fs";
+import { mkdir, readFile, rm, stat, writeFile } from "node:fs/promises";
 import * as path from "node:path";
 
-import { bareRepoOps, freePort, killProcessTreeSync, stopProcessTree, type BareRepoOps } from "./git-server";
+import { bareRepoOps, type BareRepoOps } from "./git-server";
+import { type Launch, type ServedProcess, ServerRoot } from "./server-process";
 
 const SSHD = "/usr/sbin/sshd";
 /** Debian's compiled-in privilege separation directory (systemd creates it via RuntimeDirectory=sshd). */
@@ -90,7 +90,6 @@ async function ensurePrivsepDir(): Promise<void> {
   if (!st.isDirectory()) throw new Error(`${PRIVSEP_DIR} is not a directory`);
 }
 
-const SAFE_PATH = /^\/[A-Za-z0-9._/-]+$/;
 const KEY_NAME = /^[A-Za-z0-9._-]+$/;
 
 export interface SshServerPlace {
@@ -107,83 +106,48 @@ export async function startSshGitServer(place: SshServerPlace = { address: "127.
   }
   await ensurePrivsepDir();
 
-  const tmpRoot = await mkdtemp(path.join(os.tmpdir(), "git-csi-sshd-"));
   // the path ends up in sshd_config and inside a quoted forced command
-  if (!SAFE_PATH.test(tmpRoot)) {
-    await rm(tmpRoot, { recursive: true, force: true });
-    throw new Error(`temp dir ${JSON.stringify(tmpRoot)} has characters unsafe for sshd_config`);
-  }
-  const baseDir = path.join(tmpRoot, "repos");
-  const workDir = path.join(tmpRoot, "work");
-  const keyDir = path.join(tmpRoot, "keys");
-  const shellHome = path.join(tmpRoot, "home"); // HOME for git-shell: no git-shell-commands/ => no interactive commands
-  const hostKey = path.join(tmpRoot, "ssh_host_ed25519_key");
-  const authorizedKeys = path.join(tmpRoot, "authorized_keys");
-  const configFile = path.join(tmpRoot, "sshd_config");
-
-  let sshd: Sshd | undefined;
-  let port = 0;
-  const onExit = () => {
-    // the test process is exiting without stop(): kill everything, drop the temp dir
-    if (sshd?.child.pid !== undefined && !sshd.exited) killProcessTreeSync(sshd.child.pid);
-    rmSync(tmpRoot, { recursive: true, force: true });
-  };
-  process.once("exit", onExit);
+  const root = await ServerRoot.create("git-csi-sshd-", "sshd_config");
+  const under = (name: string) => path.join(root.dir, name);
+  const baseDir = under("repos");
+  const workDir = under("work");
+  const keyDir = under("keys");
+  const shellHome = under("home"); // HOME for git-shell: no git-shell-commands/ => no interactive commands
+  const hostKey = under("ssh_host_ed25519_key");
+  const authorizedKeys = under("authorized_keys");
+  const configFile = under("sshd_config");
 
   let hostKeyLine: string;
+  let launched: { port: number; pid: number };
   try {
     const [keyType, keyB64] = await prepareDirectories({ baseDir, workDir, keyDir, shellHome, hostKey, authorizedKeys });
-
-    for (let attempt = 1; ; attempt++) {
-      port = await freePort();
-      await writeFile(configFile, sshdConfig({ host, port, hostKey, authorizedKeys, pidFile: path.join(tmpRoot, "sshd.pid") }));
-      const launched = await launchSshd(configFile, place, `Server listening on ${host} port ${port}.`);
-      sshd = launched.sshd;
-      if (launched.ready) break;
-      await stopProcessTree(sshd.child, 500);
-      sshd = undefined;
-      const bindRace = /Address already in use|Cannot bind/i.test(launched.stderrTail);
-      if (!bindRace || attempt >= 5) {
-        throw new Error(`sshd did not start on ${host}:${port}: ${launched.stderrTail.trim()}`);
-      }
-    }
-    hostKeyLine = `[${host}]:${port} ${keyType} ${keyB64}`;
+    launched = await root.launch("sshd", host, async (port) => {
+      await writeFile(configFile, sshdConfig({ host, port, hostKey, authorizedKeys, pidFile: under("sshd.pid") }));
+      return launchSshd(configFile, place, `Server listening on ${host} port ${port}.`);
+    });
+    hostKeyLine = `[${host}]:${launched.port} ${keyType} ${keyB64}`;
   } catch (e) {
-    process.removeListener("exit", onExit);
-    await rm(tmpRoot, { recursive: true, force: true });
+    await root.stop();
     throw e;
   }
 
   const ops = bareRepoOps(baseDir, workDir);
   const keys = new DeployKeys(keyDir, authorizedKeys, `HOME=${shellHome} GIT_CONFIG_NOSYSTEM=1 GIT_CONFIG_GLOBAL=/dev/null ` + `exec git-shell -c \\"$SSH_ORIGINAL_COMMAND\\"`);
 
-  const sshdPid = sshd!.child.pid as number;
-  let stopped = false;
+  const { port, pid } = launched;
   const server: SshGitServer = {
     ...ops,
     port,
-    pid: sshdPid,
+    pid,
     hostKeyLine,
     url(repo) {
       return `ssh://root@${host}:${port}${ops.repoPath(repo)}`;
     },
     addDeployKey: (name) => keys.add(name),
     revokeDeployKey: async (name) => keys.revoke(name),
-    async stop() {
-      if (stopped) return;
-      stopped = true;
-      if (sshd && !sshd.exited) await stopProcessTree(sshd.child);
-      process.removeListener("exit", onExit);
-      await rm(tmpRoot, { recursive: true, force: true });
-    },
+    stop: () => root.stop(),
   };
   return server;
-}
-
-/** An sshd this server started; exited once it is gone. */
-interface Sshd {
-  child: ChildProcess;
-  exited: boolean;
 }
 
 /** The private sshd's configuration: root by key only, nothing but git-shell. */
@@ -226,12 +190,12 @@ function sshdConfig(at: { host: string; port: number; hostKey: string; authorize
 }
 
 /** Starts sshd; ready once it says it listens, not when it exits or after 10 s. */
-async function launchSshd(configFile: string, place: SshServerPlace, listening: string): Promise<{ sshd: Sshd; ready: boolean; stderrTail: string }> {
+async function launchSshd(configFile: string, place: SshServerPlace, listening: string): Promise<Launch> {
   const sshdArgs = ["-D", "-e", "-f", configFile];
   const child = place.netns
     ? spawn("nsenter", [`--net=/run/netns/${place.netns}`, "--", SSHD, ...sshdArgs], { stdio: ["ignore", "ignore", "pipe"] })
     : spawn(SSHD, sshdArgs, { stdio: ["ignore", "ignore", "pipe"] });
-  const sshd: Sshd = { child, exited: false };
+  const sshd: ServedProcess = { child, exited: false };
   let stderrTail = "";
   let ready = false;
   let wake: () => void = () => {};
@@ -259,7 +223,7 @@ async function launchSshd(configFile: string, place: SshServerPlace, listening: 
     };
     if (ready || sshd.exited) wake();
   });
-  return { sshd, ready: ready && !sshd.exited, stderrTail };
+  return { process: sshd, ready: ready && !sshd.exited, why: stderrTail.trim() };
 }
 
 /** The deploy keys sshd accepts, each forced to git-shell; sshd re-reads the file on every authentication. */

@@ -5,6 +5,7 @@ import * as os from "node:os";
 import * as path from "node:path";
 import { after, before, test } from "node:test";
 import { promisify } from "node:util";
+import { setTimeout as sleep } from "node:timers/promises";
 import { waitFor } from "../src/driver";
 import { type Cluster, clusterMissing, GIT_ADDRESS, startCluster } from "../src/cluster";
 import { quickStartScript } from "../src/quickstart";
@@ -399,7 +400,7 @@ test("ReadWriteOnce across two nodes: node 1 is lost, node 2 takes the volume af
   await node1.thaw();
   await waitFor("node 1 Ready again", async () => (await kubectl("get", "node", "node1", "-o", 'jsonpath={.status.conditions[?(@.type=="Ready")].status}')) === "True", 120_000);
   const owner = await git.git("rwo.git", "log", "-1", "--format=%H", "refs/git-csi/owner/rwo-data");
-  await new Promise((r) => setTimeout(r, 20_000));
+  await sleep(20_000);
   const final = await remoteFile("rwo.git", "writes.txt");
   assert.deepEqual(nodeLines(final, "node1"), atLoss, "no write of node 1 after its loss reached the remote");
   assert.ok(nodeLines(final, "node2").length > nodeLines(taken, "node2").length, "node 2 still writes");

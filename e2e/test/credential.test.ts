@@ -2,6 +2,7 @@ import assert from "node:assert/strict";
 import * as fs from "node:fs/promises";
 import * as path from "node:path";
 import { after, before, describe, test } from "node:test";
+import { setTimeout as sleep } from "node:timers/promises";
 import { status } from "@grpc/grpc-js";
 import { call, CsiError } from "@git-csi/protos";
 import {
@@ -25,7 +26,6 @@ import { runGit } from "../src/git-server";
 import { type HttpGitServer, startHttpGitServer } from "../src/http-server";
 import { type SshGitServer, startSshGitServer } from "../src/ssh-server";
 
-const sleep = (ms: number) => new Promise((resolve) => setTimeout(resolve, ms));
 const QUIET = { "push.quiesce": "1s", "push.maxLatency": "1h" };
 const LEASE = { duration: "12s", renewInterval: "3s" };
 

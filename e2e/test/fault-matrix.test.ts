@@ -10,6 +10,7 @@ import * as fs from "node:fs/promises";
 import * as os from "node:os";
 import * as path from "node:path";
 import { after, describe, test } from "node:test";
+import { setTimeout as sleep } from "node:timers/promises";
 import { blobId, readAcked } from "../src/app-writer";
 import {
   createVolume,
@@ -55,7 +56,6 @@ function seeded(state: number): () => number {
 }
 const random = seeded(seed);
 const pick = <T>(items: readonly T[]): T => items[Math.floor(random() * items.length)]!;
-const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
 
 /** The application, writing into the pod's target path every interval, and its log of acknowledged writes. */
 interface Application {

@@ -3,6 +3,7 @@ import * as fs from "node:fs/promises";
 import * as os from "node:os";
 import * as path from "node:path";
 import { test } from "node:test";
+import { setTimeout as sleep } from "node:timers/promises";
 import { status } from "@grpc/grpc-js";
 import { call } from "@git-csi/protos";
 import { type Driver, freePort, metricsText, metricValue, report, sh, SINGLE_NODE_SINGLE_WRITER, stageAndPublish, startDriver, unpublishAndUnstage, waitFor } from "../src/driver";
@@ -174,7 +175,7 @@ test("the node services against a real API server: a claim's class arms the volu
   process.kill(worker, "SIGSTOP");
   await kube.kubectl(["patch", "pvc", "config", "-n", "home", "-p", JSON.stringify({ spec: { volumeAttributesClassName: "config-eager" } })]);
   // The class reaches the mount owner, whose call to the stopped worker is in flight when the worker dies.
-  await new Promise((resolve) => setTimeout(resolve, 1500));
+  await sleep(1500);
   process.kill(worker, "SIGKILL");
   await waitFor("the restarted worker armed with the class patched while it was down", async () => (await report(driver, volume.volumeId).catch(() => undefined))?.className === "config-eager");
   await waitFor("GitVolumeArmed on the pod from the restarted worker", async () => (await onPod("GitVolumeArmed", /config-eager/)) > armedBefore);

@@ -1,5 +1,6 @@
 import assert from "node:assert/strict";
 import { test } from "node:test";
+import { setTimeout as sleep } from "node:timers/promises";
 import { ClassWatch, loadKubeConfig, type ClassWatchOptions, type VolumeState } from "@git-csi/k8s";
 import { waitFor } from "../src/driver";
 import { kubeForTest } from "../src/kube";
@@ -97,13 +98,13 @@ test("ClassWatch follows PV → claim → VolumeAttributesClass on a real API se
   await next(() => patchClaim({ spec: { volumeAttributesClassName: "someone-elses" } }), unarmed);
   // A class that does not exist yet leaves the volume unarmed: the same state, so no call.
   await patchClaim({ spec: { volumeAttributesClassName: "config-later" } });
-  await new Promise((r) => setTimeout(r, 1000));
+  await sleep(1000);
   assert.equal(heard.length, expected.length, "no call for an unchanged state");
   // Creating it arms.
   await next(() => apply(volumeClass("config-later", { "push.quiesce": "1m" })), armed("config-later", { "push.quiesce": "1m" }));
   // A class in use is not deleted: admission gave it the vac-protection finalizer, and it stays in force while it terminates.
   await kube.kubectl(["delete", "volumeattributesclass", "config-later", "--wait=false"]);
-  await new Promise((r) => setTimeout(r, 1000));
+  await sleep(1000);
   assert.equal(heard.length, expected.length, "no call while the class terminates");
   // Gone (the finalizer lifted by hand): unarmed.
   await next(() => removeFinalizers("volumeattributesclass", "config-later"), unarmed);
@@ -113,7 +114,7 @@ test("ClassWatch follows PV → claim → VolumeAttributesClass on a real API se
   await next(() => patchClaim([{ op: "remove", path: "/spec/volumeAttributesClassName" }], "json"), unarmed);
   // A volume being deleted is still there: its pv-protection finalizer, which admission added, holds it.
   await kube.kubectl(["delete", "pv", "homeassistant-config", "--wait=false"]);
-  await new Promise((r) => setTimeout(r, 1000));
+  await sleep(1000);
   assert.equal(heard.length, expected.length, "no call while the volume terminates");
   // Gone (the finalizer lifted, as the controller-manager would): deleted, with its reclaim policy so the node removes a Delete volume's tree.
   await next(() => removeFinalizers("pv", "homeassistant-config"), { ...unarmed, deleted: true });

@@ -1,5 +1,6 @@
 import assert from "node:assert/strict";
 import { describe, test } from "node:test";
+import { setTimeout as sleep } from "node:timers/promises";
 import { createVolume, type Driver, setVolumeClass, sh, stageAndPublish, unpublishAndUnstage } from "../src/driver";
 import type { GitServer } from "../src/git-server";
 import { withDaemonAndDriver } from "../src/fixtures";
@@ -43,7 +44,7 @@ describe("many writers on one repository", () => {
           );
           if (landed) break;
         }
-        await new Promise((r) => setTimeout(r, 1000));
+        await sleep(1000);
       }
     })();
     await Promise.all([...writers, person]);

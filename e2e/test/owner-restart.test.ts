@@ -7,6 +7,7 @@ import assert from "node:assert/strict";
 import { spawn } from "node:child_process";
 import * as path from "node:path";
 import { describe, test } from "node:test";
+import { setTimeout as sleep } from "node:timers/promises";
 import { status } from "@grpc/grpc-js";
 import { call, type CsiError } from "@git-csi/protos";
 import { createVolume, type Driver, mountsUnder, type PublishedVolume, setVolumeClass, sh, stageAndPublish, unpublishAndUnstage, waitFor } from "../src/driver";
@@ -90,7 +91,7 @@ describe("a mount owner restart keeps the mounts", () => {
       await waitFor("a new mount owner", async () => (await driver.pid("mount-owner")) !== pid, T);
       await waitFor("the new mount owner serving the kept connection", async () => resumes() > before, T);
       // Some writes served by this one before the next restart.
-      await new Promise((r) => setTimeout(r, 200));
+      await sleep(200);
     }
   }
 
@@ -123,7 +124,7 @@ describe("a mount owner restart keeps the mounts", () => {
   async function writeThroughRestarts(name: string, signal: NodeJS.Signals): Promise<{ published: PublishedVolume; written: Written }> {
     const published = await armedVolume(name);
     const writer = startWriter(path.join(published.targetPath, "log.txt"));
-    await new Promise((r) => setTimeout(r, 500));
+    await sleep(500);
     await restartOwner(signal, RESTARTS);
     const written = await writer.stop();
     console.log(`${signal} x${RESTARTS}: ${written.acked.length} lines acknowledged, ${written.errors.length} failed operations${written.errors.length ? `: ${written.errors.join("; ")}` : ""}`);
@@ -190,7 +191,7 @@ describe("a mount owner restart keeps the mounts", () => {
     await waitFor("a new keeper", async () => (await driver.pid("fd-keeper")) !== keeper, T);
     await waitFor("the new keeper told every connection", async () => driver.logs().includes("the FUSE descriptor keeper restarted; telling it"), T);
     const writer = startWriter(path.join(published.targetPath, "log.txt"));
-    await new Promise((r) => setTimeout(r, 500));
+    await sleep(500);
     await restartOwner("SIGKILL", 1);
     const written = await writer.stop();
     assert.ok(written.errors.length <= 1, `at most one failed operation for the kill: ${written.errors.join("; ")}`);
@@ -219,7 +220,7 @@ describe("an epoch lost while the mount owner was away", () => {
     // Stopped for longer than the lease, then killed: the restarted mount owner finds the epoch ran out unrenewed.
     const pid = await driver.pid("mount-owner");
     process.kill(pid, "SIGSTOP");
-    await new Promise((r) => setTimeout(r, 4500));
+    await sleep(4500);
     process.kill(pid, "SIGKILL");
     await waitFor("the kept connection resumed with its epoch lost", async () => driver.logs().includes("its epoch no longer holds the volume: it serves only EIO"), T);
     await assert.rejects(sh(`cat '${published.targetPath}/kept.txt'`), /Input\/output error/);

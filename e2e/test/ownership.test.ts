@@ -1,6 +1,7 @@
 import assert from "node:assert/strict";
 import * as fs from "node:fs/promises";
 import { after, before, describe, test } from "node:test";
+import { setTimeout as sleep } from "node:timers/promises";
 import { csi } from "@git-csi/protos";
 import { createVolume, type Driver, freePort, metricsText, metricValue, report, setVolumeClass, sh, stageAndPublish, startDriver, unpublishAndUnstage, waitFor } from "../src/driver";
 import { type GitServer, startGitDaemon } from "../src/git-server";
@@ -10,8 +11,6 @@ const RWO = csi.VolumeCapability_AccessMode_Mode.SINGLE_NODE_MULTI_WRITER;
 const LEASE = { duration: "6s", renewInterval: "2s" };
 const LEASE_MS = 6000;
 const CLASS = { "push.quiesce": "2s", "push.maxLatency": "1h" };
-
-const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
 
 describe("RWO ownership across two nodes (spec 000)", () => {
   let server: GitServer;

@@ -3,6 +3,7 @@ import { spawn } from "node:child_process";
 import * as fs from "node:fs/promises";
 import * as path from "node:path";
 import { after, before, describe, test } from "node:test";
+import { setTimeout as sleep } from "node:timers/promises";
 import { call } from "@git-csi/protos";
 import { createVolume, type Driver, mountsUnder, sh, stageAndPublish, startDriver, unpublishAndUnstage, waitFor } from "../src/driver";
 import { type GitServer, startGitDaemon } from "../src/git-server";
@@ -54,7 +55,7 @@ describe("the split-service layout", () => {
     writer.stderr.on("data", (c: Buffer) => (writerErr += c.toString()));
     const writerDone = new Promise<number>((resolve) => writer.once("exit", (code) => resolve(code ?? 1)));
 
-    await new Promise((r) => setTimeout(r, 800));
+    await sleep(800);
     const oldPid = await driver.pid("csi-frontend");
     process.kill(oldPid, "SIGKILL");
     const killedAt = Date.now();
@@ -71,7 +72,7 @@ describe("the split-service layout", () => {
     assert.ok(Date.now() - killedAt < 15_000, "the replacement answered");
     // Kill it again and again while the writer goes on, for longer than a lease: the mount owner renews without it.
     for (let i = 0; i < 4; i++) {
-      await new Promise((r) => setTimeout(r, 1000));
+      await sleep(1000);
       process.kill(await driver.pid("csi-frontend"), "SIGKILL");
     }
 

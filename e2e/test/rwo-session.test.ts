@@ -5,6 +5,7 @@ import * as fs from "node:fs/promises";
 import * as path from "node:path";
 import { createInterface } from "node:readline";
 import { after, before, describe, test } from "node:test";
+import { setTimeout as sleep } from "node:timers/promises";
 import { status } from "@grpc/grpc-js";
 import { call, csi, CsiError } from "@git-csi/protos";
 import { type Driver, mountsUnder, refused, run, sh, startDriver, volumeLogs, waitFor } from "../src/driver";
@@ -20,8 +21,6 @@ const RWOP = Mode.SINGLE_NODE_SINGLE_WRITER;
 const LEASE = { duration: "6s", renewInterval: "2s" };
 const LEASE_RENEW_MS = 2000;
 const T = 60_000;
-
-const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
 
 /** Owner record fields, as the git worker's formatRecord writes them. */
 type OwnerFields = Record<string, string>;

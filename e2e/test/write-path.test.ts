@@ -2,6 +2,7 @@ import assert from "node:assert/strict";
 import * as fs from "node:fs/promises";
 import * as path from "node:path";
 import { after, before, describe, test } from "node:test";
+import { setTimeout as sleep } from "node:timers/promises";
 import {
   createVolume,
   type Driver,
@@ -109,7 +110,7 @@ for (const transport of TRANSPORTS)
       });
       assert.equal(unarmed.armed, false);
       assert.equal(metricValue(await metricsText(driver), "git_csi_armed", volume.volumeId), 0);
-      await new Promise((r) => setTimeout(r, 1500));
+      await sleep(1500);
       assert.equal(await server.git(repo, "rev-parse", "main"), first, "an unarmed volume pushes nothing");
 
       await modifyVolume(driver, volume.volumeId, { ...FAST, "commit.author": "Home Assistant <homeassistant@home.example>" });
@@ -135,7 +136,7 @@ for (const transport of TRANSPORTS)
       await setVolumeClass(driver, volume.volumeId, undefined);
       await sh(`echo three > '${volume.targetPath}/c.txt'`);
       await waitFor("c.txt pending", async () => (await report(driver, volume.volumeId)).pendingPaths.includes("c.txt"));
-      await new Promise((r) => setTimeout(r, 2000));
+      await sleep(2000);
       assert.equal(await remoteFile(server, repo, "main", "c.txt"), undefined);
       const again = await report(driver, volume.volumeId);
       assert.equal(again.armed, false);
@@ -194,7 +195,7 @@ for (const transport of TRANSPORTS)
       const { repo, volume } = await volumeOn();
       await setVolumeClass(driver, volume.volumeId, { "push.quiesce": "1h", "push.maxLatency": "2h" });
       await sh(`echo stop > '${volume.targetPath}/at-stop.txt'`);
-      await new Promise((r) => setTimeout(r, 500));
+      await sleep(500);
       assert.equal(await remoteFile(server, repo, "main", "at-stop.txt"), undefined);
       await unpublishAndUnstage(driver, volume);
       assert.equal(await remoteFile(server, repo, "main", "at-stop.txt"), "stop");

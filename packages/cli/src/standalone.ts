@@ -1,6 +1,7 @@
 import { type ChildProcess, spawn } from "node:child_process";
 import * as fs from "node:fs/promises";
 import * as path from "node:path";
+import { setTimeout as sleep } from "node:timers/promises";
 import type { Logger } from "@git-csi/logging";
 import { call, csi, dialUnix } from "@git-csi/protos";
 
@@ -143,7 +144,7 @@ export class Standalone {
         const probe = await call(identity.probe.bind(identity), {}, 2000).catch(() => undefined);
         if (probe?.ready) return;
         if (Date.now() > deadline) throw new Error(`the CSI socket ${this.options.endpoint} did not answer Probe ready within ${READY_TIMEOUT_MS / 1000}s`);
-        await new Promise((r) => setTimeout(r, 200));
+        await sleep(200);
       }
     } finally {
       identity.close();

@@ -1,5 +1,5 @@
 import type { Logger } from "@git-csi/logging";
-import { call, csi, type gitcsi, type mountOwner, required, unary } from "@git-csi/protos";
+import { call, csi, type gitcsi, type mountOwner, required, unary, type UnaryMethod } from "@git-csi/protos";
 import { checkContextMode, requiredCapability, volumeMountGroupOf } from "./capabilities";
 import { absolutePath, credentialFrom, podOf, sourceOf, volumeIdOf } from "./validate";
 
@@ -10,6 +10,13 @@ const Rpc = csi.NodeServiceCapability_RPC_Type;
 const Unit = csi.VolumeUsage_Unit;
 
 export function nodeService(nodeId: string, owner: mountOwner.MountOwnerClient, logger: Logger): Partial<csi.NodeServer> {
+  /** A node call the mount owner serves: the request checked and made the owner's, sent, and an empty reply. */
+  const forward = <Req, OwnerReq, OwnerRes>(operation: string, method: UnaryMethod<OwnerReq, OwnerRes>, timeoutMs: number, toOwner: (request: Req) => OwnerReq) =>
+    unary(operation, logger, async (request: Req) => {
+      await call(method, toOwner(request), timeoutMs);
+      return {};
+    });
+
   return {
     nodeGetCapabilities: unary("node_get_capabilities", logger, async () => ({
       capabilities: [Rpc.STAGE_UNSTAGE_VOLUME, Rpc.SINGLE_NODE_MULTI_WRITER, Rpc.VOLUME_MOUNT_GROUP, Rpc.GET_VOLUME_STATS, Rpc.VOLUME_CONDITION].map((type) => ({ rpc: { type } })),
@@ -17,38 +24,32 @@ export function nodeService(nodeId: string, owner: mountOwner.MountOwnerClient, 
 
     nodeGetInfo: unary("node_get_info", logger, async () => ({ nodeId, maxVolumesPerNode: 0, accessibleTopology: undefined })),
 
-    nodeStageVolume: unary("stage", logger, async (request: csi.NodeStageVolumeRequest) => {
+    nodeStageVolume: forward("stage", owner.stageVolume.bind(owner), STAGE_TIMEOUT_MS, (request: csi.NodeStageVolumeRequest) => {
       const volumeId = volumeIdOf(request.volumeId);
       const stagingPath = absolutePath(request.stagingTargetPath, "staging_target_path");
       const accessMode = accessModeOfMount(request);
       const source = sourceOf(request.volumeContext, "volume_context");
-      await call(owner.stageVolume.bind(owner), { volumeId, stagingPath, source, accessMode, ...credentialAndGroup(request) }, STAGE_TIMEOUT_MS);
-      return {};
+      return { volumeId, stagingPath, source, accessMode, ...credentialAndGroup(request) };
     }),
 
-    nodeUnstageVolume: unary("unstage", logger, async (request: csi.NodeUnstageVolumeRequest) => {
-      const volumeId = volumeIdOf(request.volumeId);
-      const stagingPath = absolutePath(request.stagingTargetPath, "staging_target_path");
-      await call(owner.unstageVolume.bind(owner), { volumeId, stagingPath }, STAGE_TIMEOUT_MS);
-      return {};
-    }),
+    nodeUnstageVolume: forward("unstage", owner.unstageVolume.bind(owner), STAGE_TIMEOUT_MS, (request: csi.NodeUnstageVolumeRequest) => ({
+      volumeId: volumeIdOf(request.volumeId),
+      stagingPath: absolutePath(request.stagingTargetPath, "staging_target_path"),
+    })),
 
-    nodePublishVolume: unary("publish", logger, async (request: csi.NodePublishVolumeRequest) => {
+    nodePublishVolume: forward("publish", owner.publishVolume.bind(owner), TIMEOUT_MS, (request: csi.NodePublishVolumeRequest) => {
       const volumeId = volumeIdOf(request.volumeId);
       const targetPath = absolutePath(request.targetPath, "target_path");
       const stagingPath = absolutePath(request.stagingTargetPath, "staging_target_path");
       const accessMode = accessModeOfMount(request);
       const pod = podOf(request.volumeContext, "volume_context");
-      await call(owner.publishVolume.bind(owner), { volumeId, stagingPath, targetPath, readonly: request.readonly, accessMode, pod, ...credentialAndGroup(request) }, TIMEOUT_MS);
-      return {};
+      return { volumeId, stagingPath, targetPath, readonly: request.readonly, accessMode, pod, ...credentialAndGroup(request) };
     }),
 
-    nodeUnpublishVolume: unary("unpublish", logger, async (request: csi.NodeUnpublishVolumeRequest) => {
-      const volumeId = volumeIdOf(request.volumeId);
-      const targetPath = absolutePath(request.targetPath, "target_path");
-      await call(owner.unpublishVolume.bind(owner), { volumeId, targetPath }, STAGE_TIMEOUT_MS);
-      return {};
-    }),
+    nodeUnpublishVolume: forward("unpublish", owner.unpublishVolume.bind(owner), STAGE_TIMEOUT_MS, (request: csi.NodeUnpublishVolumeRequest) => ({
+      volumeId: volumeIdOf(request.volumeId),
+      targetPath: absolutePath(request.targetPath, "target_path"),
+    })),
 
     // volume_path is only required here: a path where the volume is not, a
     // relative one included, is the mount owner's NotFound, as csi-sanity asks.

@@ -3,6 +3,7 @@ import { createHash, randomBytes } from "node:crypto";
 import * as fs from "node:fs/promises";
 import * as net from "node:net";
 import * as path from "node:path";
+import { setTimeout as sleep } from "node:timers/promises";
 import { type GitCredential, orAbsent } from "@git-csi/config";
 import type { CredentialBroker } from "./broker";
 
@@ -140,7 +141,7 @@ async function agentListening(agent: ChildProcess, socket: string): Promise<void
   while (!(await accepts(socket))) {
     if (failure) throw failure;
     if (Date.now() >= deadline) throw fail(`it did not listen within ${AGENT_START_MS / 1000} s`);
-    await new Promise((r) => setTimeout(r, 20));
+    await sleep(20);
   }
 }
 

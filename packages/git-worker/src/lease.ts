@@ -1,5 +1,6 @@
 import { gitWorker } from "@git-csi/protos";
 import type { SimpleGit } from "simple-git";
+import { Serial } from "@git-csi/config";
 import {
   type Decision,
   decideClaim,
@@ -69,7 +70,7 @@ export class MountLease {
   /** Why the epoch lost the volume, for the operator, and the refusal it came from. */
   private lost?: string;
   private lostRefusal = gitWorker.LeaseRefusal.LEASE_REFUSAL_NONE;
-  private chain: Promise<unknown> = Promise.resolve();
+  private readonly steps = new Serial();
   /** Staging refs the objects went ahead to that no landed push deleted yet, ref → the commit sent there. */
   private readonly sentAhead = new Map<string, string>();
 
@@ -80,7 +81,7 @@ export class MountLease {
   ) {}
 
   claim(remote: OnRemote): Promise<gitWorker.MountLease> {
-    return this.step(async () => {
+    return this.steps.run(async () => {
       // A lost epoch writes no record: another node may be waiting for the volume.
       if (this.lost) return this.state();
       return this.outcome(await this.update(remote, true, (current, now) => decideClaim(current, this.holder, now)));
@@ -89,7 +90,7 @@ export class MountLease {
 
   /** True when the owner ref no longer names this epoch as holding the volume. */
   release(remote: OnRemote): Promise<boolean> {
-    return this.step(async () => {
+    return this.steps.run(async () => {
       const decision = await this.update(remote, this.oid === "", (current, now) => decideRelease(current, this.holder.epoch, now));
       if (!this.lost) {
         this.lost = "released";
@@ -101,7 +102,7 @@ export class MountLease {
 
   /** Runs a batch renewal's part once every earlier step of this lease finished; nothing else runs on the lease until it settles. */
   hold<T>(work: (held: HeldLease) => Promise<T>): Promise<T> {
-    return this.step(() =>
+    return this.steps.run(() =>
       work({
         volumeId: this.holder.volumeId,
         expected: () => this.oid,
@@ -135,7 +136,7 @@ export class MountLease {
     const staged = await remote((repo) => stageObjects(repo, this.holder.volumeId, sends));
     if (!Array.isArray(staged)) return staged;
     for (const s of staged) this.sentAhead.set(s.ref, s.expected);
-    return this.step(async () => {
+    return this.steps.run(async () => {
       if (this.lost) throw new LeaseLost(this.lost);
       const decision = decideRenew(this.record, this.holder, Date.now());
       if (!("write" in decision)) throw this.lose(decision);
@@ -241,12 +242,6 @@ export class MountLease {
 
   private async commitRecord(record: OwnerRecord): Promise<string> {
     return (await writeRecords(this.local(), [record]))[0]!;
-  }
-
-  private step<T>(work: () => Promise<T>): Promise<T> {
-    const result = this.chain.then(work, work);
-    this.chain = result.catch(() => undefined);
-    return result;
   }
 }
 

@@ -1,5 +1,6 @@
 import * as fs from "node:fs/promises";
 import * as path from "node:path";
+import { setTimeout as sleep } from "node:timers/promises";
 import { isAbsent, orAbsent } from "@git-csi/config";
 import type { Store } from "./store";
 
@@ -76,7 +77,7 @@ function signal(pid: number): void {
 async function waitUntilGone(pids: number[]): Promise<void> {
   const deadline = Date.now() + EXIT_WAIT_MS;
   for (const pid of pids) {
-    while (Date.now() < deadline && (await isRunning(pid))) await new Promise((r) => setTimeout(r, 20));
+    while (Date.now() < deadline && (await isRunning(pid))) await sleep(20);
   }
 }
 

@@ -1,7 +1,7 @@
 import * as fs from "node:fs/promises";
 import * as path from "node:path";
 import watcher from "@parcel/watcher";
-import { formatDuration, orAbsent, parseClassParameters, Reason } from "@git-csi/config";
+import { formatDuration, orAbsent, parseClassParameters, Reason, Serial } from "@git-csi/config";
 import type { gitcsi, gitWorker } from "@git-csi/protos";
 import { VolumeCommitter } from "./commit";
 import type { MountLease, OnRemote } from "./lease";
@@ -20,7 +20,7 @@ import { WatchBatches } from "./watch-batches";
  * One staged volume's write path, spec 004 "What happens after a write" and
  * "When upstream moves": it watches the backing tree, and its scheduler runs
  * a sync (commit, then push) once the tree is quiet for push.quiesce, within
- * push.maxLatency, and after a failure. Every step runs on one chain, so two
+ * push.maxLatency, and after a failure. Every step runs on one Serial, so two
  * never interleave on the same tree.
  */
 export class VolumeSync {
@@ -33,7 +33,7 @@ export class VolumeSync {
   private subscription?: watcher.AsyncSubscription;
   private readonly batches = new WatchBatches();
   private readonly credential: VolumeCredential;
-  private chain: Promise<unknown> = Promise.resolve();
+  private readonly steps = new Serial();
   private stopped = false;
   private cancelLeaseWatch?: () => void;
 
@@ -99,13 +99,6 @@ export class VolumeSync {
     if (lease.held) this.cancelLeaseWatch = systemClock.after(Math.max(0, Number(lease.serveUntilUnixMs) - systemClock.now()) + 1, () => this.watchLease());
   }
 
-  /** Runs one step after every step before it. */
-  private enqueue<T>(step: () => Promise<T>): Promise<T> {
-    const result = this.chain.then(step, step);
-    this.chain = result.catch(() => undefined);
-    return result;
-  }
-
   // ---- start and stop -------------------------------------------------
 
   /**
@@ -118,7 +111,7 @@ export class VolumeSync {
     this.applyClass(classToApply);
     this.credential.warnIfHostKeyUnverified();
     await this.committer.writeExcludes();
-    await this.enqueue(() => this.ctx.onRepository(() => (reused ? this.upstream.reconcileAtStage(fetched) : this.upstream.replayMetadata())));
+    await this.steps.run(() => this.ctx.onRepository(() => (reused ? this.upstream.reconcileAtStage(fetched) : this.upstream.replayMetadata())));
     await this.catchUpOnWrites();
     const treeDir = this.s.treeDir;
     this.subscription = await watcher.subscribe(treeDir, (err, events) => {
@@ -129,8 +122,8 @@ export class VolumeSync {
       for (const event of events) this.committer.noteChange(path.relative(treeDir, event.path));
       this.onWrite(this.batches.writtenBy(systemClock.now()));
     });
-    await this.enqueue(() => this.committer.refreshPending());
-    await this.enqueue(() => this.upstream.refreshUnpushed());
+    await this.steps.run(() => this.committer.refreshPending());
+    await this.steps.run(() => this.upstream.refreshUnpushed());
     this.scheduler.restartQuiesce();
     this.scheduler.ensureLatency();
     this.watchLease();
@@ -170,7 +163,7 @@ export class VolumeSync {
     this.scheduler.stop();
     this.cancelLeaseWatch?.();
     await this.subscription?.unsubscribe();
-    await this.chain;
+    await this.steps.idle();
     await fs.mkdir(this.s.volumeDir, { recursive: true });
     await watcher.writeSnapshot(this.s.treeDir, this.snapshotFile());
     await fs.writeFile(this.pendingFile(), JSON.stringify([...this.s.changed, ...this.s.pending]));
@@ -213,7 +206,7 @@ export class VolumeSync {
       throw err;
     }
     await this.committer.writeExcludes();
-    await this.enqueue(async () => {
+    await this.steps.run(async () => {
       this.s.fullScan = true;
       await this.committer.refreshPending();
     });
@@ -248,7 +241,7 @@ export class VolumeSync {
 
   private onWrite(at: number): void {
     if (this.stopped) return;
-    void this.enqueue(() => this.committer.refreshPending()).catch((err: unknown) => this.reporter.fail("status", err));
+    void this.steps.run(() => this.committer.refreshPending()).catch((err: unknown) => this.reporter.fail("status", err));
     this.scheduler.wrote(at);
   }
 
@@ -265,7 +258,7 @@ export class VolumeSync {
 
   private sync(trigger: string): Promise<SyncOutcome> {
     this.scheduler.syncStarts();
-    return this.enqueue(async () => {
+    return this.steps.run(async () => {
       await this.committer.refreshPending();
       if (!this.s.policy) return { pushed: this.s.unpushed === 0, message: "unarmed: nothing is committed or pushed" };
       const head = await this.committer.commitOrRetry(trigger);

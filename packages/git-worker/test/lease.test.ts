@@ -3,6 +3,7 @@ import * as crypto from "node:crypto";
 import * as fs from "node:fs/promises";
 import * as path from "node:path";
 import { test, type TestContext } from "node:test";
+import { setTimeout as sleep } from "node:timers/promises";
 import { gitWorker } from "@git-csi/protos";
 import { RemoteAccess } from "../src/access";
 import { CredentialBroker } from "../src/broker";
@@ -249,7 +250,7 @@ test("a push with much to send sends it ahead outside the lease: a renewal durin
   const first = remote.main();
 
   const pushing = a.push(lease, large);
-  while ((await pushes()).length === 0) await new Promise((r) => setTimeout(r, 50));
+  while ((await pushes()).length === 0) await sleep(50);
   const ownerBefore = remote.owner();
   const started = Date.now();
   await renewTogether([lease], a.remote, a.store.repo(remote.url), 1_000);

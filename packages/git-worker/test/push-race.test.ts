@@ -3,6 +3,7 @@ import * as fs from "node:fs/promises";
 import * as os from "node:os";
 import * as path from "node:path";
 import { test, type TestContext } from "node:test";
+import { setTimeout as sleep } from "node:timers/promises";
 import { KeyedSerial, METADATA_REF } from "@git-csi/config";
 import { createLogger } from "@git-csi/logging";
 import { DriverMetrics } from "@git-csi/metrics";
@@ -73,7 +74,7 @@ async function write(volume: Volume): Promise<string> {
   await fs.writeFile(path.join(volume.tree, file), `${volume.id}\n`, { mode: 0o600 });
   for (let i = 0; !volume.sync.report().pendingPaths.includes(file); i++) {
     assert.ok(i < 200, `the watcher never reported ${file}`);
-    await new Promise((resolve) => setTimeout(resolve, 25));
+    await sleep(25);
   }
   return file;
 }
@@ -103,7 +104,7 @@ esac
         i++
       ) {
         assert.ok(i < 400, "alpha's push never reached the remote");
-        await new Promise((resolve) => setTimeout(resolve, 25));
+        await sleep(25);
       }
     },
     release: () => fs.rm(hold),

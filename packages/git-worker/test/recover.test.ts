@@ -4,6 +4,7 @@ import * as fs from "node:fs/promises";
 import * as os from "node:os";
 import * as path from "node:path";
 import { test } from "node:test";
+import { setTimeout as sleep } from "node:timers/promises";
 import { recoverFromKill } from "../src/recover";
 import { Store } from "../src/store";
 
@@ -29,12 +30,12 @@ test("a worker that starts after a killed one ends the git it left and removes i
   const left = blockedGit(repo);
   const other = blockedGit(elsewhere);
   try {
-    await new Promise((r) => setTimeout(r, 200));
+    await sleep(200);
     const recovered = await recoverFromKill(store);
     assert.equal(recovered.ended, 1);
     assert.deepEqual(recovered.locks.sort(), locks.map((l) => path.relative(store.stateDir, l)).sort());
     for (const lock of locks) await assert.rejects(fs.stat(lock), { code: "ENOENT" });
-    await new Promise((r) => setTimeout(r, 100));
+    await sleep(100);
     assert.equal(running(left), false, "the left git is ended");
     assert.equal(running(other), true, "another state directory's git runs on");
     // The repository takes commands again.

@@ -2,6 +2,7 @@ import assert from "node:assert/strict";
 import * as fs from "node:fs/promises";
 import * as path from "node:path";
 import { test, type TestContext } from "node:test";
+import { setTimeout as sleep } from "node:timers/promises";
 import { status } from "@grpc/grpc-js";
 import { gitWorker } from "@git-csi/protos";
 import { RemoteAccess } from "../src/access";
@@ -76,8 +77,6 @@ async function takenOver(remote: CountedRemote, volumeId: string): Promise<strin
   remote.git("update-ref", ownerRef(volumeId), oid!);
   return oid!;
 }
-
-const sleep = (ms: number) => new Promise((resolve) => setTimeout(resolve, ms));
 
 test("a batch renews every volume of a remote in one push, each owner ref from the record last written", async (t) => {
   const remote = await countedRemote(t);

@@ -1,3 +1,4 @@
+import { setTimeout as sleep } from "node:timers/promises";
 import { DRIVER_NAME, type EventType, type ReasonName } from "@git-csi/config";
 import type { Logger } from "@git-csi/logging";
 import type { CoreV1Api, KubeConfig } from "@kubernetes/client-node" with { "resolution-mode": "import" };
@@ -124,7 +125,7 @@ export class EventRecorder {
         if (attempt > 0 && httpStatus(err) === 409) return;
         const delay = retryDelaysMs[attempt];
         if (delay !== undefined && transient(err)) {
-          await new Promise((resolve) => setTimeout(resolve, delay));
+          await sleep(delay);
           continue;
         }
         this.droppedCount++;

@@ -4,6 +4,7 @@ import * as net from "node:net";
 import * as os from "node:os";
 import * as path from "node:path";
 import { test } from "node:test";
+import { setTimeout as sleep } from "node:timers/promises";
 import { ClassWatch, loadKubeConfig, type ClassWatchOptions } from "../src";
 
 // A port that refuses: bound, then closed.
@@ -36,14 +37,14 @@ test("an unreachable API server: each watch retries with a doubling delay, start
   const starting = watch.start().then(() => (started = true));
 
   const claims = () => retries.filter((r) => r.message === "watching PersistentVolumeClaims failed; retrying").map((r) => r.retryInMs);
-  while (claims().length < 5) await new Promise((r) => setTimeout(r, 50));
+  while (claims().length < 5) await sleep(50);
   assert.deepEqual(claims().slice(0, 5), [50, 100, 200, 200, 200]);
   assert.equal(started, false);
 
   await watch.stop();
   await starting;
   const after = retries.length;
-  await new Promise((r) => setTimeout(r, 400));
+  await sleep(400);
   assert.equal(retries.length, after, "nothing retries after stop()");
   await fs.rm(dir, { recursive: true, force: true });
 });

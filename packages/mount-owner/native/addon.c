@@ -307,14 +307,18 @@ static napi_value js_resume(napi_env env, napi_callback_info info)
 	return start(env, info, true);
 }
 
-struct volume *volume_arg(napi_env env, napi_callback_info info, napi_value *rest)
+struct volume *volume_arg(napi_env env, napi_callback_info info, napi_value *rest, const char *call)
 {
 	size_t argc = 2;
 	napi_value argv[2];
 	void *v = NULL;
 	if (napi_get_cb_info(env, info, &argc, argv, NULL, NULL) != napi_ok ||
-	    napi_get_value_external(env, argv[0], &v) != napi_ok)
+	    napi_get_value_external(env, argv[0], &v) != napi_ok) {
+		char what[64];
+		snprintf(what, sizeof(what), "%s: not a mount handle", call);
+		throw_errno(env, EINVAL, what);
 		return NULL;
+	}
 	if (rest != NULL)
 		*rest = argv[1];
 	return v;
@@ -326,9 +330,9 @@ struct volume *volume_arg(napi_env env, napi_callback_info info, napi_value *res
  */
 static napi_value js_unmount(napi_env env, napi_callback_info info)
 {
-	struct volume *v = volume_arg(env, info, NULL);
+	struct volume *v = volume_arg(env, info, NULL, "unmount");
 	if (v == NULL)
-		return throw_errno(env, EINVAL, "unmount: not a mount handle");
+		return NULL;
 	/* The unmount syncs the mount itself; a sync's descriptor would make it lazy. */
 	flush_stop(v);
 	sync_close(v);
@@ -344,18 +348,18 @@ static napi_value js_unmount(napi_env env, napi_callback_info info)
 static napi_value js_serve_until(napi_env env, napi_callback_info info)
 {
 	napi_value ms;
-	struct volume *v = volume_arg(env, info, &ms);
+	struct volume *v = volume_arg(env, info, &ms, "serveUntil");
 	if (v == NULL)
-		return throw_errno(env, EINVAL, "serveUntil: not a mount handle");
+		return NULL;
 	atomic_store(&v->serve_until_ms, ms_arg(env, ms));
 	return NULL;
 }
 
 static napi_value js_fence(napi_env env, napi_callback_info info)
 {
-	struct volume *v = volume_arg(env, info, NULL);
+	struct volume *v = volume_arg(env, info, NULL, "fence");
 	if (v == NULL)
-		return throw_errno(env, EINVAL, "fence: not a mount handle");
+		return NULL;
 	fence(v);
 	fence_settle(v);
 	return NULL;

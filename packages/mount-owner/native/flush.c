@@ -181,10 +181,12 @@ static void sync_complete(napi_env env, napi_status status, void *data)
 /* syncMount(handle): true once the mount's pages reached the backing tree, false when it is no longer mounted. */
 napi_value js_sync_mount(napi_env env, napi_callback_info info)
 {
-	struct volume *v = volume_arg(env, info, NULL);
-	struct sync_request *r = v != NULL ? calloc(1, sizeof(*r)) : NULL;
+	struct volume *v = volume_arg(env, info, NULL, "syncMount");
+	if (v == NULL)
+		return NULL;
+	struct sync_request *r = calloc(1, sizeof(*r));
 	if (r == NULL)
-		return throw_errno(env, v == NULL ? EINVAL : ENOMEM, "syncMount");
+		return throw_errno(env, ENOMEM, "syncMount");
 	napi_value promise, name;
 	r->v = v;
 	if (napi_create_promise(env, &r->deferred, &promise) != napi_ok ||

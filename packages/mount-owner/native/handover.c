@@ -139,9 +139,9 @@ static napi_value js_take(napi_env env, napi_callback_info info)
 /* quiesce(handle): no request is taken any more, and every one taken is answered. */
 static napi_value js_quiesce(napi_env env, napi_callback_info info)
 {
-	struct volume *v = volume_arg(env, info, NULL);
+	struct volume *v = volume_arg(env, info, NULL, "quiesce");
 	if (v == NULL)
-		return throw_errno(env, EINVAL, "quiesce: not a mount handle");
+		return NULL;
 	/* A sync in flight needs the readers: it ends first, and none starts after. */
 	flush_stop(v);
 	io_quiesce(&v->io);

@@ -43,6 +43,12 @@ static struct node *node_or_stale(fuse_req_t req, fuse_ino_t ino)
 	return n;
 }
 
+/* The node of a request this epoch may serve, or NULL once the request was answered (fenced, or stale). */
+static struct node *served_node(fuse_req_t req, fuse_ino_t ino)
+{
+	return refused(req) ? NULL : node_or_stale(req, ino);
+}
+
 /* The inode behind an O_PATH descriptor, by path: chmod, truncate and open have no form for one. */
 const char *proc_path(char buf[PROC_PATH_SIZE], int fd)
 {
@@ -167,9 +173,7 @@ static void op_init(void *userdata, struct fuse_conn_info *conn)
 
 static void op_lookup(fuse_req_t req, fuse_ino_t parent, const char *name)
 {
-	if (refused(req))
-		return;
-	struct node *p = node_or_stale(req, parent);
+	struct node *p = served_node(req, parent);
 	if (p != NULL)
 		reply_entry(req, parent, p->fd, name);
 }
@@ -190,9 +194,7 @@ static void op_forget_multi(fuse_req_t req, size_t count, struct fuse_forget_dat
 static void op_getattr(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 {
 	(void)fi;
-	if (refused(req))
-		return;
-	struct node *n = node_or_stale(req, ino);
+	struct node *n = served_node(req, ino);
 	struct stat st;
 	if (n == NULL)
 		return;
@@ -262,9 +264,7 @@ static int apply_attr(const struct node *n, const struct stat *attr, int to_set,
 static void op_setattr(fuse_req_t req, fuse_ino_t ino, struct stat *attr, int to_set,
 		       struct fuse_file_info *fi)
 {
-	if (refused(req))
-		return;
-	struct node *n = node_or_stale(req, ino);
+	struct node *n = served_node(req, ino);
 	struct stat st;
 	if (n == NULL)
 		return;
@@ -277,9 +277,7 @@ static void op_setattr(fuse_req_t req, fuse_ino_t ino, struct stat *attr, int to
 
 static void op_readlink(fuse_req_t req, fuse_ino_t ino)
 {
-	if (refused(req))
-		return;
-	struct node *n = node_or_stale(req, ino);
+	struct node *n = served_node(req, ino);
 	char buf[PATH_MAX + 1];
 	if (n == NULL)
 		return;
@@ -318,9 +316,7 @@ static int make_entry(int parent_fd, const char *name, const struct make *m)
 /* mknod, mkdir and symlink: made as the caller, then looked up. */
 static void make_and_reply(fuse_req_t req, fuse_ino_t parent, const char *name, const struct make *m)
 {
-	if (refused(req))
-		return;
-	struct node *p = node_or_stale(req, parent);
+	struct node *p = served_node(req, parent);
 	if (p == NULL)
 		return;
 	become_caller(req);
@@ -350,9 +346,7 @@ static void op_symlink(fuse_req_t req, const char *target, fuse_ino_t parent, co
 
 static void op_link(fuse_req_t req, fuse_ino_t ino, fuse_ino_t newparent, const char *newname)
 {
-	if (refused(req))
-		return;
-	struct node *n = node_or_stale(req, ino);
+	struct node *n = served_node(req, ino);
 	struct node *p = n != NULL ? node_or_stale(req, newparent) : NULL;
 	if (p == NULL)
 		return;
@@ -364,9 +358,7 @@ static void op_link(fuse_req_t req, fuse_ino_t ino, fuse_ino_t newparent, const 
 
 static void remove_entry(fuse_req_t req, fuse_ino_t parent, const char *name, int flags)
 {
-	if (refused(req))
-		return;
-	struct node *p = node_or_stale(req, parent);
+	struct node *p = served_node(req, parent);
 	if (p != NULL)
 		reply_result(req, unlinkat(p->fd, name, flags));
 }
@@ -384,9 +376,7 @@ static void op_rmdir(fuse_req_t req, fuse_ino_t parent, const char *name)
 static void op_rename(fuse_req_t req, fuse_ino_t parent, const char *name, fuse_ino_t newparent,
 		      const char *newname, unsigned int flags)
 {
-	if (refused(req))
-		return;
-	struct node *p = node_or_stale(req, parent);
+	struct node *p = served_node(req, parent);
 	struct node *q = p != NULL ? node_or_stale(req, newparent) : NULL;
 	if (q == NULL)
 		return;
@@ -396,9 +386,7 @@ static void op_rename(fuse_req_t req, fuse_ino_t parent, const char *name, fuse_
 
 static void op_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 {
-	if (refused(req))
-		return;
-	struct node *n = node_or_stale(req, ino);
+	struct node *n = served_node(req, ino);
 	if (n == NULL)
 		return;
 	int flags = backing_flags(volume_of(req), fi->flags);
@@ -416,9 +404,7 @@ static void op_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 static void op_create(fuse_req_t req, fuse_ino_t parent, const char *name, mode_t mode,
 		      struct fuse_file_info *fi)
 {
-	if (refused(req))
-		return;
-	struct node *p = node_or_stale(req, parent);
+	struct node *p = served_node(req, parent);
 	if (p == NULL)
 		return;
 	int flags = backing_flags(volume_of(req), fi->flags);
@@ -451,6 +437,15 @@ static int fd_or_reply(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi
 	if (fd == -1)
 		fuse_reply_err(req, errno);
 	return fd;
+}
+
+/* The open directory's stream, or the request answered with why there is none. */
+static struct dir_handle *dir_or_reply(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
+{
+	struct dir_handle *d = dir_of(req, ino, fi);
+	if (d == NULL)
+		fuse_reply_err(req, errno);
+	return d;
 }
 
 static void op_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, struct fuse_file_info *fi)
@@ -502,13 +497,18 @@ static void op_release(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi
 	fuse_reply_err(req, 0);
 }
 
+/* Answers fsync and fsyncdir on the handle's descriptor; -1: the request was answered already. */
+static void reply_sync(fuse_req_t req, int fd, int datasync)
+{
+	if (fd != -1)
+		reply_result(req, datasync ? fdatasync(fd) : fsync(fd));
+}
+
 static void op_fsync(fuse_req_t req, fuse_ino_t ino, int datasync, struct fuse_file_info *fi)
 {
 	if (refused(req))
 		return;
-	int fd = fd_or_reply(req, ino, fi);
-	if (fd != -1)
-		reply_result(req, datasync ? fdatasync(fd) : fsync(fd));
+	reply_sync(req, fd_or_reply(req, ino, fi), datasync);
 }
 
 static void op_fallocate(fuse_req_t req, fuse_ino_t ino, int mode, off_t offset, off_t length,
@@ -523,9 +523,7 @@ static void op_fallocate(fuse_req_t req, fuse_ino_t ino, int mode, off_t offset,
 
 static void op_opendir(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 {
-	if (refused(req))
-		return;
-	struct node *n = node_or_stale(req, ino);
+	struct node *n = served_node(req, ino);
 	struct dir_handle *d = NULL;
 	if (n == NULL)
 		return;
@@ -561,11 +559,9 @@ static void op_readdir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, s
 {
 	if (refused(req))
 		return;
-	struct dir_handle *d = dir_of(req, ino, fi);
-	if (d == NULL) {
-		fuse_reply_err(req, errno);
+	struct dir_handle *d = dir_or_reply(req, ino, fi);
+	if (d == NULL)
 		return;
-	}
 	char *buf = malloc(size);
 	if (buf == NULL) {
 		fuse_reply_err(req, ENOMEM);
@@ -596,11 +592,8 @@ static void op_fsyncdir(fuse_req_t req, fuse_ino_t ino, int datasync, struct fus
 {
 	if (refused(req))
 		return;
-	struct dir_handle *d = dir_of(req, ino, fi);
-	if (d == NULL)
-		fuse_reply_err(req, errno);
-	else
-		reply_result(req, datasync ? fdatasync(dirfd(d->dp)) : fsync(dirfd(d->dp)));
+	struct dir_handle *d = dir_or_reply(req, ino, fi);
+	reply_sync(req, d != NULL ? dirfd(d->dp) : -1, datasync);
 }
 
 static void op_statfs(fuse_req_t req, fuse_ino_t ino)

@@ -188,8 +188,8 @@ void fence_join(struct volume *v);
 
 void volume_put(struct volume *v);
 napi_value throw_errno(napi_env env, int err, const char *what);
-/* The volume a JS handle names (argument 0); rest gets argument 1. */
-struct volume *volume_arg(napi_env env, napi_callback_info info, napi_value *rest);
+/* The volume a JS handle names (argument 0), or NULL with the call's error thrown; rest gets argument 1. */
+struct volume *volume_arg(napi_env env, napi_callback_info info, napi_value *rest, const char *call);
 
 /* handover.c: the kept descriptors, over the keeper's socket */
 napi_value handover_exports(napi_env env, napi_value exports);

@@ -8,6 +8,7 @@
 import * as path from "node:path";
 import * as fs from "node:fs/promises";
 import { closeSync, statSync } from "node:fs";
+import { setTimeout as sleep } from "node:timers/promises";
 import { orAbsent } from "@git-csi/config";
 import type { Logger } from "@git-csi/logging";
 import type { OperationMetrics } from "@git-csi/metrics";
@@ -211,7 +212,7 @@ export class Handover {
           return;
         }
         this.deps.logger.warn(`the epoch of a kept FUSE connection is not checked yet; its requests wait: ${(err as Error).message}`, log);
-        await new Promise((resolve) => setTimeout(resolve, RESUME_RETRY_MS));
+        await sleep(RESUME_RETRY_MS);
       }
     }
   }

@@ -8,6 +8,7 @@ import * as fs from "node:fs";
 import { join } from "node:path";
 import { after, before, describe, test } from "node:test";
 import { promisify } from "node:util";
+import { setTimeout as sleep } from "node:timers/promises";
 import { type FuseMount, mountFuse, resumeFuse, setIncarnation, takeKept } from "../src/fuse/binding";
 
 const execFileAsync = promisify(execFile);
@@ -77,7 +78,7 @@ function sha256(data: Buffer): string {
 }
 
 async function eventually(check: () => boolean, what: string): Promise<void> {
-  for (let tries = 0; tries < 50 && !check(); tries++) await new Promise((r) => setTimeout(r, 50));
+  for (let tries = 0; tries < 50 && !check(); tries++) await sleep(50);
   assert.ok(check(), what);
 }
 
@@ -117,7 +118,7 @@ describe("fuse passthrough", () => {
     assert.equal(await sh(volume, 'printf "the application wrote this\\n" > "$M/replaced" && cat "$M/replaced"'), "the application wrote this\n");
     fs.unlinkSync(join(volume.backing, "replaced"));
     fs.writeFileSync(join(volume.backing, "replaced"), "upstream\n");
-    await new Promise((r) => setTimeout(r, 1100));
+    await sleep(1100);
     assert.equal(await sh(volume, 'cat "$M/replaced"; stat -c %s "$M/replaced"'), "upstream\n9\n");
   });
 
@@ -496,7 +497,7 @@ describe("epoch fence", () => {
       await sh(volume, 'echo before > "$M/f" && cat "$M/f"');
       mount.serveUntil(Date.now() + 1000);
       await sh(volume, 'echo still >> "$M/f"');
-      await new Promise((r) => setTimeout(r, 1200));
+      await sleep(1200);
       assert.match(await shFails(volume, 'cat "$M/f"'), EIO);
       assert.match(await shFails(volume, 'stat "$M/f"'), EIO);
       assert.equal(backingText(volume, "f"), "before\nstill\n");
@@ -607,7 +608,7 @@ describe("a graceful stop", () => {
     try {
       const mount = mountFuse({ mountpoint: volume.mnt, backing: volume.backing, fsname: "git-csi:ended" });
       await sh(volume, 'ls "$M" && umount "$M"');
-      await new Promise((r) => setTimeout(r, 200));
+      await sleep(200);
       mount.quiesce();
     } finally {
       await removeVolume(volume);

@@ -89,7 +89,8 @@ export function dialUnix<C>(Client: ClientConstructor<C>, endpoint: string): C {
   return new Client(`unix://${socketPath(endpoint)}`, credentials.createInsecure(), LOCAL_OPTIONS);
 }
 
-type UnaryMethod<Req, Res> = (request: Req, metadata: Metadata, options: Partial<CallOptions>, callback: (error: ServiceError | null, response: Res) => void) => ClientUnaryCall;
+/** A unary method of a generated client, bound to it. */
+export type UnaryMethod<Req, Res> = (request: Req, metadata: Metadata, options: Partial<CallOptions>, callback: (error: ServiceError | null, response: Res) => void) => ClientUnaryCall;
 
 /** Calls a unary method with a deadline; a failure rejects with the callee's status. */
 export function call<Req, Res>(method: UnaryMethod<Req, Res>, request: Req, timeoutMs: number): Promise<Res> {

@@ -1,4 +1,4 @@
-// make bench, section 3: many volumes on one node.
+// Section 3: many volumes on one node.
 //
 // N volumes (200; 20 with --quick) are staged and published on one standalone
 // node, unarmed: half of them on one repository, the other half on another,
@@ -12,11 +12,14 @@
 // every remote ref moved, and the pushes received meanwhile.
 import * as fs from "node:fs/promises";
 import * as path from "node:path";
-import { createVolume, type Driver, freePort, type PublishedVolume, report, setVolumeClass, stageAndPublish, startDriver, unpublishAndUnstage } from "./driver";
-import { type GitServer, logPushes, startGitDaemon } from "./git-server";
+import { setTimeout as sleep } from "node:timers/promises";
+import { createVolume, type Driver, freePort, type PublishedVolume, report, setVolumeClass, stageAndPublish, startDriver, unpublishAndUnstage } from "../driver";
+import { type GitServer, logPushes, startGitDaemon } from "../git-server";
+import { log } from "./process";
+import { median, percentile } from "./stats";
 
-const SERVICES = ["csi-frontend", "mount-owner", "git-worker"] as const;
-type Service = (typeof SERVICES)[number];
+export const SERVICES = ["csi-frontend", "mount-owner", "git-worker"] as const;
+export type Service = (typeof SERVICES)[number];
 /** Before the idle minute: the last stage's work and first renewals settle. */
 const SETTLE_MS = 25_000;
 const REPOS = ["half-a.git", "half-b.git"];
@@ -39,19 +42,6 @@ export interface ScaleSection {
   /** Per repository, in the order of REPOS. */
   idlePushesPerMinute: number[];
   writes: { allPushedS: number; pushes: number[] };
-}
-
-const sleep = (ms: number) => new Promise<void>((r) => setTimeout(r, ms));
-
-function median(values: number[]): number {
-  const s = [...values].sort((a, b) => a - b);
-  const mid = Math.floor(s.length / 2);
-  return s.length % 2 === 0 ? (s[mid - 1]! + s[mid]!) / 2 : s[mid]!;
-}
-
-function percentile(values: number[], p: number): number {
-  const s = [...values].sort((a, b) => a - b);
-  return s[Math.min(s.length - 1, Math.ceil((p / 100) * s.length) - 1)]!;
 }
 
 async function rssMiB(pid: number): Promise<number> {
@@ -84,7 +74,7 @@ function deltas(before: Map<string, number>, after: Map<string, number>): number
 }
 
 /** Stages and publishes `count` volumes, alternating the repositories; each one's time. */
-async function stageAll(driver: Driver, server: GitServer, count: number, volumes: PublishedVolume[], log: (text: string) => void): Promise<{ samples: number[]; totalS: number }> {
+async function stageAll(driver: Driver, server: GitServer, count: number, volumes: PublishedVolume[]): Promise<{ samples: number[]; totalS: number }> {
   const samples: number[] = [];
   const started = Date.now();
   for (let i = 0; i < count; i++) {
@@ -98,12 +88,7 @@ async function stageAll(driver: Driver, server: GitServer, count: number, volume
 }
 
 /** The services' CPU and the remotes' pushes over idleMs, after the node settled. */
-async function measureIdle(
-  driver: Driver,
-  readers: Map<string, () => Promise<string[][]>>,
-  idleMs: number,
-  log: (text: string) => void,
-): Promise<{ cpuPercent: Record<Service, number>; pushesPerMinute: number[] }> {
+async function measureIdle(driver: Driver, readers: Map<string, () => Promise<string[][]>>, idleMs: number): Promise<{ cpuPercent: Record<Service, number>; pushesPerMinute: number[] }> {
   log(`  idle: ${SETTLE_MS / 1000} s to settle, then ${idleMs / 1000} s measured`);
   await sleep(SETTLE_MS);
   const cpuBefore = await perService(driver, cpuTicks);
@@ -119,13 +104,7 @@ async function measureIdle(
 }
 
 /** Arms every volume and writes one file in each; how long until all were pushed, and the pushes each remote received. */
-async function writeOneEach(
-  driver: Driver,
-  server: GitServer,
-  volumes: PublishedVolume[],
-  readers: Map<string, () => Promise<string[][]>>,
-  log: (text: string) => void,
-): Promise<ScaleSection["writes"]> {
+async function writeOneEach(driver: Driver, server: GitServer, volumes: PublishedVolume[], readers: Map<string, () => Promise<string[][]>>): Promise<ScaleSection["writes"]> {
   log("  arming every volume and writing one file in each");
   const before = await allPushes(readers);
   const started = performance.now();
@@ -150,7 +129,7 @@ async function writeOneEach(
   return { allPushedS, pushes: deltas(before, await allPushes(readers)) };
 }
 
-export async function runScale(config: ScaleConfig, dir: string, environment: Record<string, unknown>, log: (text: string) => void): Promise<ScaleSection> {
+export async function runScale(config: ScaleConfig, dir: string, environment: Record<string, unknown>): Promise<ScaleSection> {
   const repos = REPOS;
   let server: GitServer | undefined;
   let driver: Driver | undefined;
@@ -168,10 +147,10 @@ export async function runScale(config: ScaleConfig, dir: string, environment: Re
     await sleep(2000);
     const rssNoneMiB = await perService(driver, rssMiB);
 
-    const staged = await stageAll(driver, server, config.volumes, volumes, log);
-    const idle = await measureIdle(driver, readers, config.idleMs, log);
+    const staged = await stageAll(driver, server, config.volumes, volumes);
+    const idle = await measureIdle(driver, readers, config.idleMs);
     const rssStagedMiB = await perService(driver, rssMiB);
-    const writes = await writeOneEach(driver, server, volumes, readers, log);
+    const writes = await writeOneEach(driver, server, volumes, readers);
     const rssAfterWritesMiB = await perService(driver, rssMiB);
 
     return {
@@ -198,43 +177,4 @@ export async function runScale(config: ScaleConfig, dir: string, environment: Re
     await driver?.stop();
     await server?.stop();
   }
-}
-
-export function scaleMarkdown(section: ScaleSection): string {
-  const { config, environment: env } = section;
-  const mib = (n: number) => n.toFixed(0);
-  const sum = (r: Record<Service, number>) => SERVICES.reduce((s, k) => s + r[k], 0);
-  const rssRow = (label: string, r: Record<Service, number>) => `| ${label} | ${SERVICES.map((s) => mib(r[s])).join(" | ")} | ${mib(sum(r))} |`;
-  const cpu = section.idleCpuPercent;
-  const stage = section.stageMs;
-  const idle = section.idlePushesPerMinute;
-  const w = section.writes;
-  return [
-    "## 3. Many volumes on one node",
-    "",
-    `${config.volumes} volumes staged and published one after the other on one standalone node, unarmed: half of them on each of ${config.repositories} repositories, over git:// to a git daemon on this machine. Leases renew every ${config.leaseRenewMs / 1000} s.`,
-    `${String(env.cpus)} CPUs, kernel ${String(env.kernel)}; commit ${String(env.commit).slice(0, 12)}${env.dirty ? " (dirty)" : ""}; ${String(env.date)}.`,
-    "",
-    `| RSS, MiB | ${SERVICES.join(" | ")} | together |`,
-    "|---|--:|--:|--:|--:|",
-    rssRow("none staged", section.rssNoneMiB),
-    rssRow(`${config.volumes} staged, idle`, section.rssStagedMiB),
-    rssRow("after one write in each", section.rssAfterWritesMiB),
-    "",
-    `| idle, ${config.volumes} staged, ${config.idleMs / 1000} s measured | value |`,
-    "|---|--:|",
-    ...SERVICES.map((s) => `| CPU of ${s} (with its children: the worker's git), % of one core | ${cpu[s].toFixed(2)} |`),
-    `| CPU of the three together, % of one core | ${sum(cpu).toFixed(2)} |`,
-    `| pushes per minute received by each repository (${config.volumes / config.repositories} volumes each) | ${idle.map((n) => n.toFixed(1)).join(", ")} |`,
-    "",
-    `| stage + publish of one volume | ms |`,
-    "|---|--:|",
-    `| median of ${stage.samples.length} | ${stage.median.toFixed(0)} |`,
-    `| 90th percentile | ${stage.p90.toFixed(0)} |`,
-    `| median of the first 10 / of the last 10 | ${stage.first10Median.toFixed(0)} / ${stage.last10Median.toFixed(0)} |`,
-    `| all ${stage.samples.length}, one after the other, s | ${stage.totalS.toFixed(1)} |`,
-    "",
-    `Then each volume was armed (push.quiesce 1s) and one file written in it: every volume had pushed ${w.allPushedS.toFixed(1)} s after the first write, and the repositories received ${w.pushes.join(" and ")} pushes (renewals included).`,
-    "",
-  ].join("\n");
 }
