@@ -2,6 +2,7 @@ import assert from "node:assert/strict";
 import * as fs from "node:fs/promises";
 import * as path from "node:path";
 import { test, type TestContext } from "node:test";
+import { setTimeout as sleep } from "node:timers/promises";
 import { createLogger } from "@git-csi/logging";
 import type { CollectionPolicy } from "../src/collect-remote";
 import { collectGarbage, removeTree } from "../src/gc";
@@ -123,7 +124,7 @@ test("a live epoch's owner ref stays whatever the retention, and though a node d
   const renewed = Date.now() - 1_000;
   await removeTree(a.store, "pvc-stale", { url: remote.url, ref: "main" }, quietLogger().logger);
   recordOnRemote(remote, { volumeId: "pvc-stale", epoch: "e-z", time: renewed, expires: renewed + LEASE_MS, released: false });
-  await new Promise((r) => setTimeout(r, 5));
+  await sleep(5);
 
   // A retention of 1 ms, shorter than the live records' age: only a lease's end counts.
   const lines = await collect(a, {}, 1);
