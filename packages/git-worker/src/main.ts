@@ -6,14 +6,14 @@ import { createLogger, type Logger, logLifecycle } from "@git-csi/logging";
 import { DriverMetrics, serveMetrics } from "@git-csi/metrics";
 import { call, dialUnix, gitWorker, mountOwner, serveUnix, stopServer } from "@git-csi/protos";
 import * as path from "node:path";
-import { endOrphanedAgents } from "./access";
-import { recoverFromKill } from "./recover";
-import { CredentialBroker } from "./broker";
-import type { CollectionPolicy } from "./collect-remote";
-import { collectGarbage } from "./gc";
+import { endOrphanedAgents } from "./remote/access";
+import { recoverFromKill } from "./trees/recover";
+import { CredentialBroker } from "./remote/broker";
+import type { CollectionPolicy } from "./trees/collect-remote";
+import { collectGarbage } from "./trees/gc";
 import { gitWorkerService, type Syncs } from "./service";
-import { Store } from "./store";
-import { checkRelay, logGitTo } from "./git";
+import { Store } from "./trees/store";
+import { checkRelay, logGitTo } from "./remote/git";
 
 /** One collection at a time; a failure is logged and the next one tries again. */
 function serialCollector(store: Store, logger: Logger, perRepository: KeyedSerial, policy: CollectionPolicy): () => Promise<void> {

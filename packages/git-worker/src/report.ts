@@ -1,6 +1,6 @@
 import { type EventType, formatDuration, Reason, type ReasonName } from "@git-csi/config";
 import type { gitcsi, gitWorker } from "@git-csi/protos";
-import type { VolumeState } from "./volume";
+import type { VolumeState } from "./sync/volume";
 
 const RECENT_EVENTS = 50;
 

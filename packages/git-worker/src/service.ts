@@ -4,13 +4,13 @@ import type { KeyedSerial } from "@git-csi/config";
 import type { Logger } from "@git-csi/logging";
 import type { DriverMetrics } from "@git-csi/metrics";
 import { failedPrecondition, gitWorker, notFound, required, unary } from "@git-csi/protos";
-import type { CredentialBroker } from "./broker";
-import { removeTree } from "./gc";
-import { claimMount, dropPrepared, type Prepared, prepareVolume } from "./prepare";
-import { type RenewalMember, renewMounts } from "./renewal";
-import type { Store } from "./store";
-import type { VolumeSync } from "./sync";
-import type { EventSink } from "./volume";
+import type { CredentialBroker } from "./remote/broker";
+import { removeTree } from "./trees/gc";
+import { claimMount, dropPrepared, type Prepared, prepareVolume } from "./trees/prepare";
+import { type RenewalMember, renewMounts } from "./lease/renewal";
+import type { Store } from "./trees/store";
+import type { VolumeSync } from "./sync/sync";
+import type { EventSink } from "./sync/volume";
 
 /** The volumes this worker watches, by volume id. */
 export type Syncs = Map<string, VolumeSync>;

@@ -3,8 +3,8 @@ import { execFileSync } from "node:child_process";
 import * as fs from "node:fs/promises";
 import * as path from "node:path";
 import { test } from "node:test";
-import { RemoteAccess } from "../src/access";
-import { CredentialBroker } from "../src/broker";
+import { RemoteAccess } from "../src/remote/access";
+import { CredentialBroker } from "../src/remote/broker";
 import { tempDir } from "./remote";
 
 /** A fresh ed25519 key, as a Secret's ssh-privatekey holds it. */

@@ -4,14 +4,14 @@ import * as path from "node:path";
 import { test, type TestContext } from "node:test";
 import { setTimeout as sleep } from "node:timers/promises";
 import { createLogger } from "@git-csi/logging";
-import type { CollectionPolicy } from "../src/collect-remote";
-import { collectGarbage, removeTree } from "../src/gc";
-import { MountLease, type OnRemote } from "../src/lease";
-import type { OwnerRecord } from "../src/ownership";
-import { stagingRef } from "../src/remote";
-import { volumeBranchRef } from "../src/stage";
-import { exists, ownerRef, upstreamOwnerRef } from "../src/store";
-import { revParse } from "../src/tree";
+import type { CollectionPolicy } from "../src/trees/collect-remote";
+import { collectGarbage, removeTree } from "../src/trees/gc";
+import { MountLease, type OnRemote } from "../src/lease/lease";
+import type { OwnerRecord } from "../src/lease/ownership";
+import { stagingRef } from "../src/remote/remote";
+import { volumeBranchRef } from "../src/trees/stage";
+import { exists, ownerRef, upstreamOwnerRef } from "../src/trees/store";
+import { revParse } from "../src/remote/tree";
 import { recordCommit, type ServedRemote, stageAnother, type StagedNode, stagedNode } from "./remote";
 
 /**

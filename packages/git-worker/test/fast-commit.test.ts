@@ -4,7 +4,7 @@ import * as fs from "node:fs/promises";
 import * as path from "node:path";
 import { test } from "node:test";
 import { simpleGit } from "simple-git";
-import { commitFiles, type FileNow } from "../src/fast-commit";
+import { commitFiles, type FileNow } from "../src/sync/fast-commit";
 import { AUTHOR, tempDir } from "./remote";
 
 const author = { name: "app", email: "app@localhost" };

@@ -5,14 +5,14 @@ import * as path from "node:path";
 import { test, type TestContext } from "node:test";
 import { setTimeout as sleep } from "node:timers/promises";
 import { gitWorker } from "@git-csi/protos";
-import { RemoteAccess } from "../src/access";
-import { CredentialBroker } from "../src/broker";
-import { LeaseLost, MountLease, type OnRemote } from "../src/lease";
-import { type Holder, type OwnerRecord, parseRecord } from "../src/ownership";
-import { branchChange, type Fence, fetchBranch, pushCommit, type PushResult, STAGE_BYTES, stagingRef } from "../src/remote";
-import { renewTogether } from "../src/renewal";
-import { prepareTree } from "../src/stage";
-import { ownerRef, Store } from "../src/store";
+import { RemoteAccess } from "../src/remote/access";
+import { CredentialBroker } from "../src/remote/broker";
+import { LeaseLost, MountLease, type OnRemote } from "../src/lease/lease";
+import { type Holder, type OwnerRecord, parseRecord } from "../src/lease/ownership";
+import { branchChange, type Fence, fetchBranch, pushCommit, type PushResult, STAGE_BYTES, stagingRef } from "../src/remote/remote";
+import { renewTogether } from "../src/lease/renewal";
+import { prepareTree } from "../src/trees/stage";
+import { ownerRef, Store } from "../src/trees/store";
 import { AUTHOR, recordCommit, type ServedRemote, servedRemote, tempDir } from "./remote";
 
 /**

@@ -6,10 +6,10 @@ import * as os from "node:os";
 import * as path from "node:path";
 import { after, test } from "node:test";
 import { simpleGit, type SimpleGit } from "simple-git";
-import { branchTreeName, formatListing, listingKey, listingPath, type MetadataEntry, parseListing } from "../src/metadata-format";
-import { ListingCache } from "../src/metadata-plumbing";
-import { recordMetadata } from "../src/metadata-record";
-import { replayMetadata } from "../src/metadata-replay";
+import { branchTreeName, formatListing, listingKey, listingPath, type MetadataEntry, parseListing } from "../src/metadata/format";
+import { ListingCache } from "../src/metadata/plumbing";
+import { recordMetadata } from "../src/metadata/record";
+import { replayMetadata } from "../src/metadata/replay";
 
 const author = { name: "git-csi", email: "git-csi@localhost" };
 const temps: string[] = [];

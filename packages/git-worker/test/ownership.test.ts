@@ -1,7 +1,7 @@
 import * as assert from "node:assert/strict";
 import { test } from "node:test";
 import fc from "fast-check";
-import { decideClaim, decideRelease, decideRenew, formatRecord, type Holder, type OwnerRecord, parseRecord, serveUntil } from "../src/ownership";
+import { decideClaim, decideRelease, decideRenew, formatRecord, type Holder, type OwnerRecord, parseRecord, serveUntil } from "../src/lease/ownership";
 
 const LEASE_MS = 90_000;
 

@@ -1,6 +1,6 @@
 import assert from "node:assert/strict";
 import { test } from "node:test";
-import { afterPush, commitsToPush, NO_CREDENTIAL, POD_STOPPED, REBASE_ATTEMPTS, somethingToPush, withoutCredential } from "../src/push-decisions";
+import { afterPush, commitsToPush, NO_CREDENTIAL, POD_STOPPED, REBASE_ATTEMPTS, somethingToPush, withoutCredential } from "../src/sync/push-decisions";
 
 const rejected = { outcome: "rejected", message: "stale info" } as const;
 const failed = { outcome: "failed", message: "could not resolve host" } as const;

@@ -8,12 +8,12 @@ import { KeyedSerial, METADATA_REF } from "@git-csi/config";
 import { createLogger } from "@git-csi/logging";
 import { DriverMetrics } from "@git-csi/metrics";
 import { gitcsi, gitWorker } from "@git-csi/protos";
-import { CredentialBroker } from "../src/broker";
-import { listingPath, parseListing } from "../src/metadata-format";
-import { claimMount, type Prepared, prepareVolume } from "../src/prepare";
+import { CredentialBroker } from "../src/remote/broker";
+import { listingPath, parseListing } from "../src/metadata/format";
+import { claimMount, type Prepared, prepareVolume } from "../src/trees/prepare";
 import type { GitWorkerDeps } from "../src/service";
-import { Store } from "../src/store";
-import type { VolumeSync } from "../src/sync";
+import { Store } from "../src/trees/store";
+import type { VolumeSync } from "../src/sync/sync";
 import { type ServedRemote, servedRemote } from "./remote";
 
 /**

@@ -2,8 +2,8 @@ import assert from "node:assert/strict";
 import * as fs from "node:fs/promises";
 import * as path from "node:path";
 import { test } from "node:test";
-import { fetchBranch, pushCommit } from "../src/remote";
-import { ownerRef, Store, upstreamOwnerRef, upstreamRef } from "../src/store";
+import { fetchBranch, pushCommit } from "../src/remote/remote";
+import { ownerRef, Store, upstreamOwnerRef, upstreamRef } from "../src/trees/store";
 import { AUTHOR, servedRemote, tempDir } from "./remote";
 
 test("a ref that moves on the server between the client's check and the server's update is a lost compare-and-swap, not a failed push", async (t) => {

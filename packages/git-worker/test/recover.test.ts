@@ -5,8 +5,8 @@ import * as os from "node:os";
 import * as path from "node:path";
 import { test } from "node:test";
 import { setTimeout as sleep } from "node:timers/promises";
-import { recoverFromKill } from "../src/recover";
-import { Store } from "../src/store";
+import { recoverFromKill } from "../src/trees/recover";
+import { Store } from "../src/trees/store";
 
 /** A real git command that waits on its input until it is killed, as one a killed worker left does. */
 function blockedGit(gitDir: string): ChildProcess {

@@ -4,13 +4,13 @@ import * as net from "node:net";
 import * as os from "node:os";
 import * as path from "node:path";
 import type { TestContext } from "node:test";
-import { RemoteAccess } from "../src/access";
-import { CredentialBroker } from "../src/broker";
-import { rememberSource } from "../src/gc";
-import type { OnRemote } from "../src/lease";
-import { formatRecord, type OwnerRecord } from "../src/ownership";
-import { prepareTree } from "../src/stage";
-import { Store } from "../src/store";
+import { RemoteAccess } from "../src/remote/access";
+import { CredentialBroker } from "../src/remote/broker";
+import { rememberSource } from "../src/trees/gc";
+import type { OnRemote } from "../src/lease/lease";
+import { formatRecord, type OwnerRecord } from "../src/lease/ownership";
+import { prepareTree } from "../src/trees/stage";
+import { Store } from "../src/trees/store";
 
 export const AUTHOR = { GIT_AUTHOR_NAME: "app", GIT_AUTHOR_EMAIL: "app@localhost", GIT_COMMITTER_NAME: "app", GIT_COMMITTER_EMAIL: "app@localhost" };
 

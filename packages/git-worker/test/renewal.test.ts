@@ -5,13 +5,13 @@ import { test, type TestContext } from "node:test";
 import { setTimeout as sleep } from "node:timers/promises";
 import { status } from "@grpc/grpc-js";
 import { gitWorker } from "@git-csi/protos";
-import { RemoteAccess } from "../src/access";
-import { CredentialBroker } from "../src/broker";
-import { gitIn } from "../src/git";
-import { MountLease, type OnRemote, writeRecords } from "../src/lease";
-import { type OwnerRecord, parseRecord } from "../src/ownership";
-import { type RenewalMember, renewMounts, renewTogether } from "../src/renewal";
-import { ownerRef, Store } from "../src/store";
+import { RemoteAccess } from "../src/remote/access";
+import { CredentialBroker } from "../src/remote/broker";
+import { gitIn } from "../src/remote/git";
+import { MountLease, type OnRemote, writeRecords } from "../src/lease/lease";
+import { type OwnerRecord, parseRecord } from "../src/lease/ownership";
+import { type RenewalMember, renewMounts, renewTogether } from "../src/lease/renewal";
+import { ownerRef, Store } from "../src/trees/store";
 import { type ServedRemote, servedRemote, tempDir } from "./remote";
 
 /**

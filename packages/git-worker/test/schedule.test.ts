@@ -1,6 +1,6 @@
 import assert from "node:assert/strict";
 import { test } from "node:test";
-import { type Clock, RETRY_MIN_MS, retryDelay, type ScheduledTrigger, SyncScheduler } from "../src/schedule";
+import { type Clock, RETRY_MIN_MS, retryDelay, type ScheduledTrigger, SyncScheduler } from "../src/sync/schedule";
 
 /** A clock that moves only when the test says, firing what falls due in time order. */
 class FakeClock implements Clock {

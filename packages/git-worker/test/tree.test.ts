@@ -4,8 +4,8 @@ import * as fs from "node:fs/promises";
 import * as path from "node:path";
 import { test } from "node:test";
 import { simpleGit } from "simple-git";
-import { GitCommandError } from "../src/git";
-import { countCommits, holdsChanges, isAncestor, revParse } from "../src/tree";
+import { GitCommandError } from "../src/remote/git";
+import { countCommits, holdsChanges, isAncestor, revParse } from "../src/remote/tree";
 import { AUTHOR, tempDir } from "./remote";
 
 /** git in a repository, the way the store runs it: through the environment. */

@@ -4,7 +4,7 @@ import * as path from "node:path";
 import { setTimeout as sleep } from "node:timers/promises";
 import { test } from "node:test";
 import watcher from "@parcel/watcher";
-import { WatchBatches } from "../src/watch-batches";
+import { WatchBatches } from "../src/sync/watch-batches";
 import { tempDir } from "./remote";
 
 test("a batch held by the watcher counts from MIN_WAIT before it came; one after a long quiet from when it came", () => {

@@ -19,10 +19,10 @@ import {
 import * as fs from "node:fs/promises";
 import * as os from "node:os";
 import * as path from "node:path";
-import { writeObjects } from "./metadata-plumbing";
-import { type Fence, fetchOwner, type PushResult, pushUpdates, type ReadRef, type RefChange, RemoteError, stageObjects } from "./remote";
-import { ownerRef } from "./store";
-import { runGit } from "./git";
+import { writeObjects } from "../metadata/plumbing";
+import { type Fence, fetchOwner, type PushResult, pushUpdates, type ReadRef, type RefChange, RemoteError, stageObjects } from "../remote/remote";
+import { ownerRef } from "../trees/store";
+import { runGit } from "../remote/git";
 
 /** The ownership rules' refusals as the worker API says them. */
 const REFUSALS: Record<Refusal, gitWorker.LeaseRefusal> = {

@@ -1,13 +1,13 @@
 import * as path from "node:path";
 import { METADATA_REF, Reason } from "@git-csi/config";
 import type { Committed } from "./commit";
-import { recordMetadata } from "./metadata-record";
+import { recordMetadata } from "../metadata/record";
 import { afterPush, commitsToPush, REBASE_ATTEMPTS, somethingToPush, type SyncOutcome, withoutCredential } from "./push-decisions";
-import { branchChange, deleteRefs, metadataChange, pushChanges, RemoteError, STAGE_BYTES } from "./remote";
-import type { VolumeReporter } from "./report";
+import { branchChange, deleteRefs, metadataChange, pushChanges, RemoteError, STAGE_BYTES } from "../remote/remote";
+import type { VolumeReporter } from "../report";
 import type { SyncScheduler } from "./schedule";
-import { UPSTREAM_METADATA } from "./store";
-import { revParse } from "./tree";
+import { UPSTREAM_METADATA } from "../trees/store";
+import { revParse } from "../remote/tree";
 import type { VolumeUpstream } from "./upstream";
 import type { VolumeState } from "./volume";
 

@@ -1,8 +1,8 @@
 import { Reason } from "@git-csi/config";
 import { failedPrecondition } from "@git-csi/protos";
 import { fingerprint } from "./credential";
-import type { VolumeReporter } from "./report";
-import type { VolumeState } from "./volume";
+import type { VolumeReporter } from "../report";
+import type { VolumeState } from "../sync/volume";
 
 /**
  * The volume's credential as its publishes bring it, spec 004 "The

@@ -1,10 +1,10 @@
 import * as path from "node:path";
 import type { SimpleGit } from "simple-git";
-import type { Author } from "./git";
-import { runGit } from "./git";
-import { baseName, byteOrder, formatListing, joinRel, listingPath, type MetadataEntry, normalizeChanged, parentOf, sameEntry } from "./metadata-format";
-import { BaseListings, type ListingCache, leftOutAmong, type ListingWrite, privateGit, writeMetadataCommit } from "./metadata-plumbing";
-import { inBatches, TreeView, vanished } from "./metadata-tree";
+import type { Author } from "../remote/git";
+import { runGit } from "../remote/git";
+import { baseName, byteOrder, formatListing, joinRel, listingPath, type MetadataEntry, normalizeChanged, parentOf, sameEntry } from "./format";
+import { BaseListings, type ListingCache, leftOutAmong, type ListingWrite, privateGit, writeMetadataCommit } from "./plumbing";
+import { inBatches, TreeView, vanished } from "./tree";
 
 export interface RecordOptions {
   /** The repository that holds the metadata commits (the store's bare repository). */

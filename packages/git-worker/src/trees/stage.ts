@@ -2,11 +2,11 @@ import * as fs from "node:fs/promises";
 import * as path from "node:path";
 import { failedPrecondition, unavailable } from "@git-csi/protos";
 import type { gitcsi } from "@git-csi/protos";
-import type { RemoteAccess } from "./access";
-import { type FetchResult, fetchBranch } from "./remote";
+import type { RemoteAccess } from "../remote/access";
+import { type FetchResult, fetchBranch } from "../remote/remote";
 import { branchOfRef, exists, missingRef, type Store, upstreamRef } from "./store";
-import { revParse } from "./tree";
-import { runGit } from "./git";
+import { revParse } from "../remote/tree";
+import { runGit } from "../remote/git";
 
 export interface PreparedTree {
   treePath: string;

@@ -3,7 +3,7 @@
  * that carries them out: whether to push at all, and what a push's answer
  * leads to.
  */
-import type { PushResult } from "./remote";
+import type { PushResult } from "../remote/remote";
 
 /** How many rebases a rejected push gets before the volume moves to its side branch. */
 export const REBASE_ATTEMPTS = 3;

@@ -1,6 +1,6 @@
 import type { SimpleGit } from "simple-git";
 import { METADATA_REF } from "@git-csi/config";
-import { ownerRef, UPSTREAM_METADATA, upstreamOwnerRef, upstreamRef } from "./store";
+import { ownerRef, UPSTREAM_METADATA, upstreamOwnerRef, upstreamRef } from "../trees/store";
 import { isAncestor, revParse } from "./tree";
 import { gitMessage, runGit } from "./git";
 

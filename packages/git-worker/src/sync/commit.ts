@@ -4,10 +4,10 @@ import * as path from "node:path";
 import { formatDuration, orAbsent, Reason } from "@git-csi/config";
 import { type CsiError, internal } from "@git-csi/protos";
 import { type FastCommit, commitFiles, type FileNow } from "./fast-commit";
-import { ARGV_BATCH, runGit, traced } from "./git";
-import type { VolumeReporter } from "./report";
+import { ARGV_BATCH, runGit, traced } from "../remote/git";
+import type { VolumeReporter } from "../report";
 import type { SyncScheduler } from "./schedule";
-import { changedBetween, lfsTracked, type PathStatus, stageChanges, statusOf, updatePaths } from "./tree";
+import { changedBetween, lfsTracked, type PathStatus, stageChanges, statusOf, updatePaths } from "../remote/tree";
 import type { VolumeState } from "./volume";
 
 /** A commit made on HEAD, the commit it sits on, and the paths it changed. */

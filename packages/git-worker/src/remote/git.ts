@@ -103,7 +103,7 @@ const REMOTE_ONLY = ["protocol.allow=never", "protocol.file.allow=never", "proto
  * Nagle off: on git's own connection every push waits for the server's
  * delayed ACK, 40 ms. core.gitProxy touches no other transport.
  */
-export const TCP_RELAY = path.join(__dirname, "..", "native", "git-csi-tcp-relay");
+export const TCP_RELAY = path.join(__dirname, "..", "..", "native", "git-csi-tcp-relay");
 
 /** Every command's configuration: the transports, and the relay. */
 const WORKER_CONFIG = [...REMOTE_ONLY, `core.gitProxy=${TCP_RELAY}`];

@@ -1,13 +1,13 @@
 import { accessModeName, type gitcsi, gitWorker, invalidArgument, failedPrecondition, required } from "@git-csi/protos";
-import { RemoteAccess } from "./access";
-import { fingerprint, parseCredential } from "./credential";
+import { RemoteAccess } from "../remote/access";
+import { fingerprint, parseCredential } from "../remote/credential";
 import { rememberSource } from "./gc";
-import { MountLease, type OnRemote } from "./lease";
-import type { Holder } from "./ownership";
-import type { GitWorkerDeps } from "./service";
+import { MountLease, type OnRemote } from "../lease/lease";
+import type { Holder } from "../lease/ownership";
+import type { GitWorkerDeps } from "../service";
 import { type PreparedTree, prepareTree } from "./stage";
 import { branchOfRef, checkRemoteUrl } from "./store";
-import { VolumeSync } from "./sync";
+import { VolumeSync } from "../sync/sync";
 
 /** A tree PrepareTree made ready, with the access that reached its remote, waiting for ClaimMount. */
 export interface PreparedVolume {

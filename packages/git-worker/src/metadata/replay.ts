@@ -3,10 +3,10 @@ import * as fs from "node:fs/promises";
 import * as path from "node:path";
 import { METADATA_REF, orAbsent } from "@git-csi/config";
 import type { SimpleGit } from "simple-git";
-import { runGit } from "./git";
-import { branchTreeName, byteOrder, depthOf, entryOf, joinRel, listingKey, MAX_LISTING_BYTES, type MetadataEntry, parentOf, parseListing } from "./metadata-format";
-import { parseLsTree, readBlobs, type TreeBlob } from "./metadata-plumbing";
-import { inBatches } from "./metadata-tree";
+import { runGit } from "../remote/git";
+import { branchTreeName, byteOrder, depthOf, entryOf, joinRel, listingKey, MAX_LISTING_BYTES, type MetadataEntry, parentOf, parseListing } from "./format";
+import { parseLsTree, readBlobs, type TreeBlob } from "./plumbing";
+import { inBatches } from "./tree";
 
 export interface ReplayOptions {
   repo: SimpleGit;

@@ -2,14 +2,14 @@ import * as fs from "node:fs/promises";
 import * as path from "node:path";
 import { orAbsent, Reason } from "@git-csi/config";
 import type { SimpleGit } from "simple-git";
-import { runGit } from "./git";
-import { replayMetadata } from "./metadata-replay";
-import { deleteBranch, fetchBranch, fetchMetadata } from "./remote";
-import type { VolumeReporter } from "./report";
+import { runGit } from "../remote/git";
+import { replayMetadata } from "../metadata/replay";
+import { deleteBranch, fetchBranch, fetchMetadata } from "../remote/remote";
+import type { VolumeReporter } from "../report";
 import type { SyncScheduler } from "./schedule";
-import { type PreparedTree, volumeBranchRef } from "./stage";
-import { UPSTREAM_METADATA, upstreamRef } from "./store";
-import { canMoveTree, countCommits, holdsChanges, isAncestor, moveTree, revParse, statusOf } from "./tree";
+import { type PreparedTree, volumeBranchRef } from "../trees/stage";
+import { UPSTREAM_METADATA, upstreamRef } from "../trees/store";
+import { canMoveTree, countCommits, holdsChanges, isAncestor, moveTree, revParse, statusOf } from "../remote/tree";
 import type { VolumeState } from "./volume";
 
 /**

@@ -4,9 +4,9 @@ import * as path from "node:path";
 import type { SimpleGit } from "simple-git";
 import { BRANCH_RULE, branchOf, remoteUrlProblem } from "@git-csi/config";
 import { failedPrecondition, invalidArgument } from "@git-csi/protos";
-import type { RemoteOptions } from "./access";
-import { gitIn, type GitSetting, runGit } from "./git";
-import { ListingCache } from "./metadata-plumbing";
+import type { RemoteOptions } from "../remote/access";
+import { gitIn, type GitSetting, runGit } from "../remote/git";
+import { ListingCache } from "../metadata/plumbing";
 
 /**
  * The node's git store: one bare repository per URL under repos/, shared by

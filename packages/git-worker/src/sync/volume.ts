@@ -4,11 +4,11 @@ import type { Logger } from "@git-csi/logging";
 import type { ClaimLabels, DriverMetrics } from "@git-csi/metrics";
 import type { gitcsi } from "@git-csi/protos";
 import type { SimpleGit } from "simple-git";
-import type { RemoteAccess } from "./access";
-import { authorEnv, type GitSetting } from "./git";
-import type { MountLease } from "./lease";
-import type { Fence, PushResult, RefChange } from "./remote";
-import type { Store } from "./store";
+import type { RemoteAccess } from "../remote/access";
+import { authorEnv, type GitSetting } from "../remote/git";
+import type { MountLease } from "../lease/lease";
+import type { Fence, PushResult, RefChange } from "../remote/remote";
+import type { Store } from "../trees/store";
 
 /** Where a volume's events go besides its report and the log: Kubernetes' recorder in a cluster. */
 export interface EventSink {

@@ -3,11 +3,11 @@ import * as path from "node:path";
 import { formatDuration, orAbsent } from "@git-csi/config";
 import type { Logger } from "@git-csi/logging";
 import type { SimpleGit } from "simple-git";
-import type { OnRemote } from "./lease";
-import { isActive, type OwnerRecord, parseRecord, pastRetention, RecordError } from "./ownership";
-import { deleteRefs, type ReadRef, RemoteError } from "./remote";
+import type { OnRemote } from "../lease/lease";
+import { isActive, type OwnerRecord, parseRecord, pastRetention, RecordError } from "../lease/ownership";
+import { deleteRefs, type ReadRef, RemoteError } from "../remote/remote";
 import { ownerRef, type Store } from "./store";
-import { gitMessage, runGit } from "./git";
+import { gitMessage, runGit } from "../remote/git";
 
 /**
  * The remote's side of the collection: the driver's refs on a remote that no

@@ -2,8 +2,8 @@ import type { Stats } from "node:fs";
 import * as fs from "node:fs/promises";
 import * as path from "node:path";
 import { isAbsent, orAbsent } from "@git-csi/config";
-import { chunks } from "./git";
-import { badName, baseName, entryOf, joinRel, type MetadataEntry, parentOf } from "./metadata-format";
+import { chunks } from "../remote/git";
+import { badName, baseName, entryOf, joinRel, type MetadataEntry, parentOf } from "./format";
 
 /** How many lstat, chown or chmod calls run at once. */
 const FS_BATCH = 256;

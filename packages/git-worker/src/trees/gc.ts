@@ -7,8 +7,8 @@ import { volumeBranchRef } from "./stage";
 import type { SimpleGit } from "simple-git";
 import { COLLECTED_OWNERS, type CollectionPolicy, collectRemote, expireDeletions, readDeletions, rememberDeleted } from "./collect-remote";
 import { branchOfRef, exists, type Store, UPSTREAM_METADATA, upstreamOwnerRef, upstreamRef } from "./store";
-import { countCommits, revParse } from "./tree";
-import { runGit } from "./git";
+import { countCommits, revParse } from "../remote/tree";
+import { runGit } from "../remote/git";
 
 /** What the worker remembers of a volume whose tree it keeps: the source it follows. */
 export async function rememberSource(store: Store, volumeId: string, source: gitcsi.VolumeSource): Promise<void> {

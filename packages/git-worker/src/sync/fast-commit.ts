@@ -1,8 +1,8 @@
 import type { Stats } from "node:fs";
 import type { SimpleGit } from "simple-git";
-import { type Author, type Conversation, converse, type GitSetting } from "./git";
-import type { PathStatus } from "./tree";
-import { revParse } from "./tree";
+import { type Author, type Conversation, converse, type GitSetting } from "../remote/git";
+import type { PathStatus } from "../remote/tree";
+import { revParse } from "../remote/tree";
 
 /** A path as the commit takes it: a regular file as lstat saw it, or absent. */
 export interface FileNow {

@@ -2,8 +2,8 @@
 import * as fs from "node:fs/promises";
 import * as path from "node:path";
 import type { SimpleGit } from "simple-git";
-import { ARGV_BATCH, type Author, authorEnv, chunks, gitIn, gitMessage, runGit, traced } from "./git";
-import { baseName, listingPath, MAX_LISTING_BYTES, type MetadataEntry, parentOf, parseListing } from "./metadata-format";
+import { ARGV_BATCH, type Author, authorEnv, chunks, gitIn, gitMessage, runGit, traced } from "../remote/git";
+import { baseName, listingPath, MAX_LISTING_BYTES, type MetadataEntry, parentOf, parseListing } from "./format";
 
 export interface TreeBlob {
   path: string;

@@ -2,8 +2,8 @@ import { status } from "@grpc/grpc-js";
 import { asCsiError, gitWorker, required } from "@git-csi/protos";
 import type { SimpleGit } from "simple-git";
 import { CAS_ATTEMPTS, type HeldLease, type MountLease, type OnRemote, writeRecords } from "./lease";
-import { fetchOwners, pushUpdates, RemoteError } from "./remote";
-import { ownerRef } from "./store";
+import { fetchOwners, pushUpdates, RemoteError } from "../remote/remote";
+import { ownerRef } from "../trees/store";
 
 /**
  * renew_mount of spec 000 for many volumes at once. The mount owner asks once
