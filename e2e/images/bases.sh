@@ -40,13 +40,14 @@ current() {
 rootfs_tar() {
 	local tar=$cache/bookworm-minbase.tar
 	if [ ! -f "$tar" ]; then
-		local dir
+		local dir start=$SECONDS
 		dir=$(mktemp -d "$cache/debootstrap.XXXXXX")
 		echo "debootstrap bookworm (minbase) from $MIRROR" >&2
 		debootstrap --variant=minbase bookworm "$dir" "$MIRROR" >"$cache/debootstrap.log" 2>&1 ||
 			{ tail -20 "$cache/debootstrap.log" >&2; exit 1; }
 		tar -C "$dir" --numeric-owner -cf "$tar.tmp" . && mv "$tar.tmp" "$tar"
 		rm -rf "$dir"
+		echo "made the Debian root file system in $((SECONDS - start)) s" >&2
 	fi
 	echo "$tar"
 }
