@@ -194,12 +194,31 @@ function nodeCapability(): fc.Arbitrary<NodeCapability> {
   });
 }
 
-function requests(u: Universe): fc.Arbitrary<Generated> {
+function byRpc(u: Universe): Record<Rpc, fc.Arbitrary<Generated>> {
   const { create, del, modify, validate } = controllerRequests(u);
-  const { stage, unstage, publish, unpublish } = nodeRequests(u);
+  return { create, delete: del, modify, validate, ...nodeRequests(u) };
+}
+
+function requests(u: Universe): fc.Arbitrary<Generated> {
+  const { create, delete: del, modify, validate, stage, unstage, publish, unpublish } = byRpc(u);
   // Stages and publishes more often than the rest, so that refused requests meet staged and published volumes.
   const often = (arbitrary: fc.Arbitrary<Generated>) => ({ weight: 3, arbitrary });
   return fc.oneof(create, del, modify, validate, often(stage), unstage, often(publish), unpublish);
+}
+
+/**
+ * The run's first requests, so that its coverage is no matter of chance: a
+ * well-formed stage and publish of one volume, then one malformed request of
+ * each call, drawn from that call's own generator with the run's seed.
+ */
+function firstRequests(u: Universe, url: string, seed: number): [Generated][] {
+  const capability = mountCapability(Mode.SINGLE_NODE_WRITER);
+  const stagingTargetPath = path.join(u.dir, "staging", "fuzz-a");
+  const stage: Generated = { rpc: "stage", bad: [], request: { volumeId: "fuzz-a", stagingTargetPath, volumeCapability: capability, volumeContext: { url, ref: "main" } } };
+  const targetPath = path.join(u.dir, "pods", "p1", "volume");
+  const publish: Generated = { rpc: "publish", bad: [], request: { volumeId: "fuzz-a", stagingTargetPath, targetPath, volumeCapability: capability, volumeContext: {} } };
+  const malformed = Object.values(byRpc(u)).map((arbitrary) => fc.sample(arbitrary.filter((g) => g.bad.length > 0), { seed, numRuns: 1 })[0]!);
+  return [stage, publish, ...malformed].map((g) => [g]);
 }
 
 const capabilities = fc.oneof(
@@ -418,7 +437,7 @@ test("generated CSI requests: each answer is a success or a status naming the fi
       }
       await assert.rejects(fs.stat(marker), { code: "ENOENT" }, "an ext:: URL ran its command on the node");
     }),
-    { seed, numRuns, endOnFailure: true },
+    { seed, numRuns, endOnFailure: true, examples: firstRequests(universe, url, seed) },
   );
   t.diagnostic(`answers: ${JSON.stringify(Object.fromEntries([...answers].sort()))}`);
   // The property ran against every call, and against volumes that were staged and published.
