@@ -217,7 +217,13 @@ function firstRequests(u: Universe, url: string, seed: number): [Generated][] {
   const stage: Generated = { rpc: "stage", bad: [], request: { volumeId: "fuzz-a", stagingTargetPath, volumeCapability: capability, volumeContext: { url, ref: "main" } } };
   const targetPath = path.join(u.dir, "pods", "p1", "volume");
   const publish: Generated = { rpc: "publish", bad: [], request: { volumeId: "fuzz-a", stagingTargetPath, targetPath, volumeCapability: capability, volumeContext: {} } };
-  const malformed = Object.values(byRpc(u)).map((arbitrary) => fc.sample(arbitrary.filter((g) => g.bad.length > 0), { seed, numRuns: 1 })[0]!);
+  const malformed = Object.values(byRpc(u)).map(
+    (arbitrary) =>
+      fc.sample(
+        arbitrary.filter((g) => g.bad.length > 0),
+        { seed, numRuns: 1 },
+      )[0]!,
+  );
   return [stage, publish, ...malformed].map((g) => [g]);
 }
 
