@@ -7,8 +7,8 @@ import { setTimeout as sleep } from "node:timers/promises";
 import { gitWorker } from "@git-csi/protos";
 import { RemoteAccess } from "../src/remote/access";
 import { CredentialBroker } from "../src/remote/broker";
-import { LeaseLost, MountLease, type OnRemote } from "../src/lease/lease";
-import { type Holder, type OwnerRecord, parseRecord } from "../src/lease/ownership";
+import { LeaseLost, MountLease, type OnRemote, OwnerWatch } from "../src/lease/lease";
+import { type Holder, type OwnerRecord, parseRecord, serveFor } from "../src/lease/ownership";
 import { branchChange, type Fence, fetchBranch, pushCommit, type PushResult, STAGE_BYTES, stagingRef } from "../src/remote/remote";
 import { renewTogether } from "../src/lease/renewal";
 import { prepareTree } from "../src/trees/stage";
@@ -82,10 +82,12 @@ async function stagedNode(t: TestContext, name: string, remote: Remote): Promise
   const viaAccess: OnRemote = (operation) => access.run((options) => operation(store.repo(source.url, options)));
   await prepareTree(store, VOLUME, source, access, false);
   const tree = store.tree(source.url, VOLUME, AUTHOR);
+  // Each node is its own git worker: what it has watched of the owner ref is its own.
+  const watch = new OwnerWatch();
   return {
     store,
     remote: viaAccess,
-    lease: (holder) => new MountLease(holder, (env = {}) => store.repo(source.url, { config: [], env })),
+    lease: (holder) => new MountLease(holder, (env = {}) => store.repo(source.url, { config: [], env }), watch),
     commit: async (file) => {
       await fs.writeFile(path.join(store.treeDir(VOLUME), file), `${file}\n`);
       await tree.raw(["add", "--all"]);
@@ -112,6 +114,50 @@ function holder(node: string, epoch: string, continues = false): Holder {
 function foreignRecord(remote: Remote, record: OwnerRecord): string {
   return recordCommit(remote.dir, record);
 }
+
+/** Node A's record as a node whose wall clock is an hour behind B's writes it: by B's clock it ran out long ago. */
+function recordAnHourBehind(remote: Remote, leaseMs: number): string {
+  const time = Date.now() - 3_600_000;
+  return foreignRecord(remote, { volumeId: VOLUME, node: "node-a", epoch: "ea", accessMode: "ReadWriteOnce", time, expires: time + leaseMs, released: false });
+}
+
+test("a taker takes a volume only once it has seen the owner ref on one record for a whole lease, whatever the record's times say", async (t) => {
+  const remote = await remoteRepo(t);
+  const b = await stagedNode(t, "node-b", remote);
+  const leaseMs = 1500;
+  remote.git("update-ref", ownerRef(VOLUME), recordAnHourBehind(remote, leaseMs));
+  const taker = b.lease({ ...holder("node-b", "eb"), leaseMs });
+
+  const first = await taker.claim(b.remote);
+  assert.equal(first.held, false);
+  assert.equal(first.refusal, gitWorker.LeaseRefusal.LEASE_REFUSAL_TAKEN);
+  assert.match(first.message, /held by node node-a.*unchanged for a whole lease \(2 s\)/);
+  // A renews before B's watch is over: B watches the new record from the start.
+  await sleep((leaseMs * 2) / 3);
+  remote.git("update-ref", ownerRef(VOLUME), recordAnHourBehind(remote, leaseMs));
+  await sleep((leaseMs * 2) / 3);
+  assert.equal((await taker.claim(b.remote)).held, false, "a lease since B's first look, but not since A's renewal");
+  assert.equal(remote.record().epoch, "ea");
+  // A renews no more: a lease after B first saw its last record, B takes the volume.
+  await sleep(leaseMs);
+  assert.equal((await taker.claim(b.remote)).held, true);
+  assert.equal(remote.record().epoch, "eb");
+});
+
+test("the mount serves from when its renewal was sent, by the node's own clock: a record time an hour ahead lengthens nothing", async (t) => {
+  const remote = await remoteRepo(t);
+  const a = await stagedNode(t, "node-a", remote);
+  // The volume was released by a node whose clock runs an hour ahead: its record's time is the floor of the next one's.
+  const ahead = Date.now() + 3_600_000;
+  remote.git("update-ref", ownerRef(VOLUME), foreignRecord(remote, { volumeId: VOLUME, node: "node-c", epoch: "ec", accessMode: "ReadWriteOnce", time: ahead, expires: ahead, released: true }));
+  const before = Date.now();
+  const claimed = await a.lease(holder("node-a", "ea")).claim(a.remote);
+  const after = Date.now();
+  assert.equal(claimed.held, true);
+  assert.equal(remote.record().time, ahead, "the record's time, for people, never goes back");
+  const until = Number(claimed.serveUntilUnixMs);
+  assert.ok(until >= before + serveFor(LEASE_MS) && until <= after + serveFor(LEASE_MS), `serves until ${until - after} ms from now`);
+});
 
 test("the remote refuses a push whose owner-ref lease went stale: nothing of it lands", async (t) => {
   const remote = await remoteRepo(t);

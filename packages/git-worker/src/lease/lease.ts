@@ -14,7 +14,7 @@ import {
   type OwnerRecord,
   parseRecord,
   RecordError,
-  serveUntil,
+  serveFor,
 } from "./ownership";
 import * as fs from "node:fs/promises";
 import * as os from "node:os";
@@ -39,6 +39,40 @@ export type OnRemote = <T>(operation: (repo: SimpleGit) => Promise<T>) => Promis
 export class LeaseLost extends RemoteError {}
 
 export const CAS_ATTEMPTS = 4;
+
+/** This process's monotonic clock in ms: no wall clock step or skew between nodes moves it. */
+export const monotonic = (): number => performance.now();
+
+/**
+ * What this node has seen of each volume's owner ref, and since when by its
+ * monotonic clock: a claim takes a volume from an unreleased record only
+ * once the ref has stayed on one commit for a whole lease (client-go's
+ * leader election watches its lock the same way). A restarted worker starts
+ * watching again, which only delays a takeover.
+ */
+export class OwnerWatch {
+  private readonly seen = new Map<string, { oid: string; since: number }>();
+
+  /** How long the owner ref has been seen on this commit. */
+  watched(volumeId: string, oid: string): number {
+    const seen = this.seen.get(volumeId);
+    if (seen?.oid === oid) return monotonic() - seen.since;
+    this.wrote(volumeId, oid, monotonic());
+    return 0;
+  }
+
+  /**
+   * This node's own record landed: the node knows it since it was sent, and
+   * its mount stops serving a tenth of a lease before a watch from then is
+   * over, so a later epoch on this node takes over from it without another.
+   */
+  wrote(volumeId: string, oid: string, sent: number): void {
+    this.seen.set(volumeId, { oid, since: sent });
+  }
+}
+
+/** The worker's one watch: every claim of the process reads and extends it. */
+const nodeWatch = new OwnerWatch();
 const RECORD_AUTHOR = "git-csi <git-csi@git.liken.sh>";
 
 /**
@@ -51,8 +85,8 @@ export interface HeldLease {
   expected(): string;
   /** The renewed record to write, or undefined when the epoch holds nothing to renew (the refusal is kept). */
   renewal(): OwnerRecord | undefined;
-  /** The renewal landed as this commit. */
-  took(oid: string, record: OwnerRecord): void;
+  /** The renewal sent at `sent` (monotonic ms) landed as this commit. */
+  took(oid: string, record: OwnerRecord, sent: number): void;
   /** The owner ref moved: the lease takes the record it holds now, already fetched ("" for none). */
   load(oid: string): Promise<void>;
 }
@@ -67,6 +101,8 @@ export interface HeldLease {
 export class MountLease {
   private oid = "";
   private record?: OwnerRecord;
+  /** Until when the mount may serve, by this process's monotonic clock: set by each renewal that lands. */
+  private servingUntil?: number;
   /** Why the epoch lost the volume, for the operator, and the refusal it came from. */
   private lost?: string;
   private lostRefusal = gitWorker.LeaseRefusal.LEASE_REFUSAL_NONE;
@@ -78,13 +114,17 @@ export class MountLease {
     readonly holder: Holder,
     /** git in the URL's bare repository with extra environment, for the record commits. */
     private readonly local: (env?: Record<string, string>) => SimpleGit,
+    private readonly watch: OwnerWatch = nodeWatch,
   ) {}
 
   claim(remote: OnRemote): Promise<gitWorker.MountLease> {
     return this.steps.run(async () => {
       // A lost epoch writes no record: another node may be waiting for the volume.
       if (this.lost) return this.state();
-      return this.outcome(await this.update(remote, true, (current, now) => decideClaim(current, this.holder, now)));
+      const decision = await this.update(remote, true, (current, now) =>
+        decideClaim(current, this.holder, { now, watchedMs: this.watch.watched(this.holder.volumeId, this.oid), serving: this.serving() }),
+      );
+      return this.outcome(decision);
     });
   }
 
@@ -107,7 +147,7 @@ export class MountLease {
         volumeId: this.holder.volumeId,
         expected: () => this.oid,
         renewal: () => this.renewal(),
-        took: (oid, record) => this.took(oid, record),
+        took: (oid, record, sent) => this.took(oid, record, sent),
         load: (oid) => this.load(oid),
       }),
     );
@@ -117,7 +157,7 @@ export class MountLease {
   private renewal(): OwnerRecord | undefined {
     // Never claimed (a restarted worker waits for its Secret): nothing on the remote to renew from.
     if (this.lost || !this.record) return undefined;
-    const decision = decideRenew(this.record, this.holder, Date.now());
+    const decision = decideRenew(this.record, this.holder, Date.now(), this.serving());
     if ("write" in decision) return decision.write;
     this.lose(decision);
     return undefined;
@@ -138,17 +178,18 @@ export class MountLease {
     for (const s of staged) this.sentAhead.set(s.ref, s.expected);
     return this.steps.run(async () => {
       if (this.lost) throw new LeaseLost(this.lost);
-      const decision = decideRenew(this.record, this.holder, Date.now());
+      const decision = decideRenew(this.record, this.holder, Date.now(), this.serving());
       if (!("write" in decision)) throw this.lose(decision);
       const next = await this.commitRecord(decision.write);
+      const sent = monotonic();
       const result = await push([{ ref: ownerRef(this.holder.volumeId), expected: this.oid, next }, ...staged]);
       if (result.outcome === "pushed") {
-        this.took(next, decision.write);
+        this.took(next, decision.write, sent);
         for (const s of staged) this.sentAhead.delete(s.ref);
       } else if (result.outcome === "rejected") {
         // The data ref moved, or the owner ref did: only the latter loses the volume.
         await this.read(remote);
-        const again = decideRenew(this.record, this.holder, Date.now());
+        const again = decideRenew(this.record, this.holder, Date.now(), this.serving());
         if (!("write" in again)) throw this.lose(again);
       }
       return result;
@@ -175,15 +216,24 @@ export class MountLease {
   state(): gitWorker.MountLease {
     if (this.lost) return { held: false, serveUntilUnixMs: 0, refusal: this.lostRefusal, message: this.lost };
     if (!this.record) return { held: false, serveUntilUnixMs: 0, refusal: gitWorker.LeaseRefusal.LEASE_REFUSAL_NONE, message: "the lease is renewed once a publish brings the volume's credential" };
-    const until = serveUntil(this.record);
     // By this node's clock the mount stopped serving: the report and the abnormal gauge say so before any renewal does.
-    if (Date.now() >= until) return { held: false, serveUntilUnixMs: 0, refusal: REFUSALS.expired, message: describeRefusal("expired", this.holder, this.record) };
-    return { held: true, serveUntilUnixMs: until, refusal: gitWorker.LeaseRefusal.LEASE_REFUSAL_NONE, message: "" };
+    if (!this.serving()) return { held: false, serveUntilUnixMs: 0, refusal: REFUSALS.expired, message: describeRefusal({ refuse: "expired", record: this.record }, this.holder) };
+    // The mount owner's fence reads the wall clock: the monotonic deadline as a wall time read now, on the same node.
+    return { held: true, serveUntilUnixMs: Math.floor(Date.now() + this.servingUntil! - monotonic()), refusal: gitWorker.LeaseRefusal.LEASE_REFUSAL_NONE, message: "" };
+  }
+
+  /**
+   * Whether the mount may still serve. A lease that took no renewal yet is a
+   * restarted worker's, continuing an epoch whose mount owner still serves
+   * it: the mount owner renews only before its own deadline.
+   */
+  private serving(): boolean {
+    return this.servingUntil === undefined || monotonic() < this.servingUntil;
   }
 
   private lose(decision: Refused): LeaseLost {
     this.lostRefusal = REFUSALS[decision.refuse];
-    this.lost = describeRefusal(decision.refuse, this.holder, decision.record);
+    this.lost = describeRefusal(decision, this.holder);
     return new LeaseLost(this.lost);
   }
 
@@ -191,7 +241,7 @@ export class MountLease {
     if ("refuse" in decision) {
       // A claim refused because another epoch holds the volume leaves this one free to claim again later.
       if (decision.refuse === "taken" || decision.refuse === "access_mode") {
-        return { held: false, serveUntilUnixMs: 0, refusal: REFUSALS[decision.refuse], message: describeRefusal(decision.refuse, this.holder, decision.record) };
+        return { held: false, serveUntilUnixMs: 0, refusal: REFUSALS[decision.refuse], message: describeRefusal(decision, this.holder) };
       }
       this.lose(decision);
     }
@@ -206,9 +256,10 @@ export class MountLease {
       if (!("write" in decision)) return decision;
       const next = await this.commitRecord(decision.write);
       const volumeId = this.holder.volumeId;
+      const sent = monotonic();
       const result = await remote((repo) => pushUpdates(repo, [{ ref: ownerRef(volumeId), expected: this.oid, next }]));
       if (result.outcome === "pushed") {
-        this.took(next, decision.write);
+        this.took(next, decision.write, sent);
         return decision;
       }
       if (result.outcome === "failed") throw new RemoteError(`the push of ${ownerRef(volumeId)} failed: ${result.message}`);
@@ -235,9 +286,12 @@ export class MountLease {
     }
   }
 
-  private took(oid: string, record: OwnerRecord): void {
+  /** A record this epoch wrote landed; one that holds the volume lets the mount serve from when it was sent. */
+  private took(oid: string, record: OwnerRecord, sent: number): void {
     this.oid = oid;
     this.record = record;
+    this.watch.wrote(this.holder.volumeId, oid, sent);
+    if (!record.released) this.servingUntil = sent + serveFor(this.holder.leaseMs);
   }
 
   private async commitRecord(record: OwnerRecord): Promise<string> {

@@ -33,10 +33,11 @@ export interface Holder {
 
 export type Refusal = "expired" | "released" | "taken" | "superseded" | "access_mode";
 
-export type Refused = { refuse: Refusal; record: OwnerRecord | undefined };
+/** leftMs: how much longer a taker must watch the record unchanged ("taken"). */
+export type Refused = { refuse: Refusal; record: OwnerRecord | undefined; leftMs?: number };
 export type Decision = { write: OwnerRecord } | { keep: OwnerRecord | undefined } | Refused;
 
-/** Coordinator time: the writer's wall clock clamped by the durable floor. */
+/** The record's time, for people: the writer's wall clock, never behind the previous record's. No decision reads it. */
 function recordTime(current: OwnerRecord | undefined, now: number): number {
   return Math.max(now, current?.time ?? 0);
 }
@@ -45,37 +46,57 @@ function leaseFor(holder: Holder, time: number): OwnerRecord {
   return { volumeId: holder.volumeId, node: holder.node, epoch: holder.epoch, accessMode: holder.accessMode, time, expires: time + holder.leaseMs, released: false };
 }
 
-/** Whether the record's epoch owns the volume at time t. */
-export function isActive(record: OwnerRecord | undefined, t: number): boolean {
-  return record !== undefined && !record.released && t < record.expires;
+/** The lease an unreleased record's epoch holds: a length the writer set, not a time any reader compares its clock to. */
+export function leaseOf(record: OwnerRecord): number {
+  return record.expires - record.time;
 }
 
 /**
- * claim_mount: a new epoch takes a volume nobody holds (no record, released,
- * or expired); the same epoch again continues its lease while it is active.
- * An epoch whose lease ran out, that was released, or that another epoch
- * followed never comes back: only a new epoch takes the volume then.
+ * How long a node must have watched a record unchanged, by its own monotonic
+ * clock, before it takes the volume from that record's epoch: the whole lease.
  */
-export function decideClaim(current: OwnerRecord | undefined, holder: Holder, now: number): { write: OwnerRecord } | Refused {
-  const t = recordTime(current, now);
+export function watchLeft(record: OwnerRecord, watchedMs: number): number {
+  return Math.max(0, leaseOf(record) - watchedMs);
+}
+
+/** What the claiming node knows by itself. */
+export interface LocalView {
+  /** Its wall clock, for the record's time alone. */
+  now: number;
+  /** How long it has seen the owner ref on this record, by its monotonic clock. */
+  watchedMs: number;
+  /** Whether the holder's own mount may still serve, by that clock. */
+  serving: boolean;
+}
+
+/**
+ * claim_mount: a new epoch takes a volume nobody holds (no record, or a
+ * released one) at once, and one whose record it has watched unchanged for a
+ * whole lease by its own clock: the holder's renewals stopped, so its mount
+ * stopped serving (serveFor). The same epoch again continues while the
+ * record names it. An epoch that was released or that another epoch
+ * followed never comes back.
+ */
+export function decideClaim(current: OwnerRecord | undefined, holder: Holder, local: LocalView): { write: OwnerRecord } | Refused {
   if (current && current.accessMode !== holder.accessMode) return { refuse: "access_mode", record: current };
-  if (current?.epoch === holder.epoch) return decideRenew(current, holder, now);
-  if (isActive(current, t)) return { refuse: "taken", record: current };
+  if (current?.epoch === holder.epoch) return decideRenew(current, holder, local.now, local.serving);
+  const leftMs = current && !current.released ? watchLeft(current, local.watchedMs) : 0;
+  if (leftMs > 0) return { refuse: "taken", record: current, leftMs };
   if (holder.continues) return { refuse: "superseded", record: current };
-  return { write: leaseFor(holder, t) };
+  return { write: leaseFor(holder, recordTime(current, local.now)) };
 }
 
 /**
  * renew_mount: only the epoch the record names, and only while its mount may
- * still serve: once the mount stopped serving it never serves again, so the
- * lease must run out for a successor rather than be kept alive.
+ * still serve by the node's own clock: once the mount stopped serving it
+ * never serves again, so the lease must run out for a successor rather than
+ * be kept alive.
  */
-export function decideRenew(current: OwnerRecord | undefined, holder: Holder, now: number): { write: OwnerRecord } | Refused {
-  const t = recordTime(current, now);
+export function decideRenew(current: OwnerRecord | undefined, holder: Holder, now: number, serving: boolean): { write: OwnerRecord } | Refused {
   if (!current || current.epoch !== holder.epoch) return { refuse: "superseded", record: current };
   if (current.released) return { refuse: "released", record: current };
-  if (now >= serveUntil(current) || t >= current.expires) return { refuse: "expired", record: current };
-  return { write: leaseFor(holder, t) };
+  if (!serving) return { refuse: "expired", record: current };
+  return { write: leaseFor(holder, recordTime(current, now)) };
 }
 
 /** release_mount: idempotent, and never clears another epoch's ownership. */
@@ -85,23 +106,29 @@ export function decideRelease(current: OwnerRecord | undefined, epoch: string, n
   return { write: { ...current, time: t, expires: t, released: true } };
 }
 
+/** Whether the record's epoch may hold the volume by a reader's wall clock: for the collection's retention, which decides nothing about serving. */
+export function isActive(record: OwnerRecord | undefined, t: number): boolean {
+  return record !== undefined && !record.released && t < record.expires;
+}
+
 /**
  * Whether an owner record is past the retention: no epoch held the volume
  * for that long. A released record expires at its release; an unreleased
- * one at the end of the lease its epoch last renewed, which a live epoch
- * keeps ahead of every synchronized clock, so its record is never past.
+ * one at the end of the lease its epoch last renewed. The retention (days)
+ * dwarfs any clock skew between nodes.
  */
 export function pastRetention(record: OwnerRecord, now: number, retentionMs: number): boolean {
   return now >= record.expires + retentionMs;
 }
 
 /**
- * Until when the holder's mount may serve: the expiry less a tenth of the
- * lease, so a node whose clock runs up to that much behind another's stops
- * serving before the other can take the volume over.
+ * How long a mount may serve after the renewal that landed was sent, by the
+ * holder's monotonic clock: the lease less a tenth, so a holder whose clock
+ * runs up to that much slower than a taker's still stops serving before the
+ * taker has watched a whole lease.
  */
-export function serveUntil(record: OwnerRecord): number {
-  return record.expires - Math.floor((record.expires - record.time) / 10);
+export function serveFor(leaseMs: number): number {
+  return leaseMs - Math.floor(leaseMs / 10);
 }
 
 const RECORD_TITLE = "git-csi owner record";
@@ -148,17 +175,18 @@ export function parseRecord(message: string): OwnerRecord {
 }
 
 /** What an operator reads when the volume's ownership refuses a mount session. */
-export function describeRefusal(refusal: Refusal, holder: Holder, record: OwnerRecord | undefined): string {
+export function describeRefusal(refused: Refused, holder: Holder): string {
   // Never the epochs: they are the .rwo-session's contents, which no log shows.
+  const { record } = refused;
   const owner = record ? `node ${record.node}` : "nobody";
-  const until = record ? new Date(record.expires).toISOString() : "";
-  switch (refusal) {
+  const seconds = (ms: number) => `${Math.ceil(ms / 1000)} s`;
+  switch (refused.refuse) {
     case "taken":
-      return `volume ${holder.volumeId} is held by ${owner} until ${until} unless it renews; an RWO volume has one mount session at a time. Stop the pod on ${record?.node} (unpublish and unstage the volume there), or wait for its lease to run out`;
+      return `volume ${holder.volumeId} is held by ${owner}; an RWO volume has one mount session at a time. This node takes it over only once it has seen the owner record unchanged for a whole lease (${seconds(leaseOf(record!))}) by its own clock, ${seconds(refused.leftMs ?? 0)} from now if ${record?.node} renews no more. Stop the pod on ${record?.node} (unpublish and unstage the volume there), or wait`;
     case "superseded":
       return `the mount epoch of volume ${holder.volumeId} on node ${holder.node} was taken over by ${owner}; this node's mount serves nothing more. Delete the pod on ${holder.node} so the volume is unpublished and unstaged here`;
     case "expired":
-      return `the lease of the mount epoch of volume ${holder.volumeId} on node ${holder.node} ran out unrenewed at ${until}; an expired epoch never renews. Unpublish and unstage the volume (delete the pod), then stage it again`;
+      return `the lease of the mount epoch of volume ${holder.volumeId} on node ${holder.node} ran out: no renewal landed within its serving time, by this node's clock; an expired epoch never renews. Unpublish and unstage the volume (delete the pod), then stage it again`;
     case "released":
       return `the mount epoch of volume ${holder.volumeId} on node ${holder.node} was released; stage the volume again for a new epoch`;
     case "access_mode":

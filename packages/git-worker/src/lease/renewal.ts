@@ -1,7 +1,7 @@
 import { status } from "@grpc/grpc-js";
 import { asCsiError, gitWorker, required } from "@git-csi/protos";
 import type { SimpleGit } from "simple-git";
-import { CAS_ATTEMPTS, type HeldLease, type MountLease, type OnRemote, writeRecords } from "./lease";
+import { CAS_ATTEMPTS, type HeldLease, monotonic, type MountLease, type OnRemote, writeRecords } from "./lease";
 import { fetchOwners, pushUpdates, RemoteError } from "../remote/remote";
 import { ownerRef } from "../trees/store";
 
@@ -127,9 +127,10 @@ async function pushRenewals(held: HeldLease[], remote: OnRemote, local: SimpleGi
       renewals.map((r) => r.record),
     );
     const updates = renewals.map((r, i) => ({ ref: ownerRef(r.lease.volumeId), expected: r.lease.expected(), next: oids[i]! }));
+    const sent = monotonic();
     const result = await remote((repo) => pushUpdates(repo, updates));
     if (result.outcome === "pushed") {
-      renewals.forEach((r, i) => r.lease.took(oids[i]!, r.record));
+      renewals.forEach((r, i) => r.lease.took(oids[i]!, r.record, sent));
       return;
     }
     if (result.outcome === "failed") throw new RemoteError(`the push of ${updates.length} owner ref(s) failed: ${result.message}`);
