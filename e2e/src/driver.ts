@@ -52,6 +52,16 @@ export interface DriverOptions {
   ownMountNamespace?: boolean;
   /** An API server the services watch and post events to. */
   kubeconfig?: string;
+  /** The node's wall clock this far from the machine's (libfaketime's FAKETIME offset, e.g. "+1h"), for every process of the node. */
+  clockOffset?: string;
+}
+
+/** Debian's libfaketime: every clock a process reads (wall and monotonic) moved by the offset, in it and its children. */
+const LIBFAKETIME = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1";
+
+function nodeEnv(options: DriverOptions): NodeJS.ProcessEnv {
+  if (!options.clockOffset) return process.env;
+  return { ...process.env, LD_PRELOAD: LIBFAKETIME, FAKETIME: options.clockOffset };
 }
 
 export async function startDriver(options: DriverOptions = {}): Promise<Driver> {
@@ -74,9 +84,10 @@ export async function startDriver(options: DriverOptions = {}): Promise<Driver> 
   ];
   if (options.lease) args.push("--lease-duration", options.lease.duration, "--lease-renew-interval", options.lease.renewInterval);
   if (options.kubeconfig) args.push("--kubeconfig", options.kubeconfig);
+  const spawned = { stdio: ["ignore", "pipe", "pipe"] as ("ignore" | "pipe")[], env: nodeEnv(options) };
   const launcher = options.ownMountNamespace
-    ? spawn("unshare", ["--mount", "--propagation", "private", process.execPath, LAUNCHER, ...args], { stdio: ["ignore", "pipe", "pipe"] })
-    : spawn(process.execPath, [LAUNCHER, ...args], { stdio: ["ignore", "pipe", "pipe"] });
+    ? spawn("unshare", ["--mount", "--propagation", "private", process.execPath, LAUNCHER, ...args], spawned)
+    : spawn(process.execPath, [LAUNCHER, ...args], spawned);
   let logs = "";
   launcher.stderr!.on("data", (chunk: Buffer) => (logs += chunk.toString()));
   await waitForReadyLine(launcher, () => logs);

@@ -1,0 +1,153 @@
+import assert from "node:assert/strict";
+import * as fs from "node:fs/promises";
+import { after, before, describe, test } from "node:test";
+import { setTimeout as sleep } from "node:timers/promises";
+import { csi } from "@git-csi/protos";
+import { createVolume, type Driver, type PublishedVolume, setVolumeClass, stageAndPublish, startDriver, unpublishAndUnstage, waitFor } from "../src/driver";
+import { type GitServer, startGitDaemon } from "../src/git-server";
+
+// Spec 000: "Safety comes from quorum ordering and epoch checks, not a
+// client's clock". Two standalone nodes on one remote, one of them with every
+// clock it reads an hour off (libfaketime): the lease decides by each node's
+// own monotonic clock, so the offset changes nothing.
+
+const RWO = csi.VolumeCapability_AccessMode_Mode.SINGLE_NODE_MULTI_WRITER;
+const LEASE = { duration: "8s", renewInterval: "2s" };
+const LEASE_MS = 8000;
+const RENEW_MS = 2000;
+const CLASS = { "push.quiesce": "1s", "push.maxLatency": "1h" };
+const LIBFAKETIME = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1";
+
+describe("the lease trusts no node's wall clock", () => {
+  let server: GitServer;
+  const nodes: Driver[] = [];
+  const frozen = new Set<number>();
+
+  before(async () => {
+    await fs.access(LIBFAKETIME).catch(() => assert.fail(`${LIBFAKETIME} is missing: install Debian's faketime (make apt does)`));
+    server = await startGitDaemon();
+  });
+
+  after(async () => {
+    for (const pid of frozen) process.kill(pid, "SIGCONT");
+    await Promise.all(nodes.map((n) => n.stop()));
+    await server?.stop();
+  });
+
+  async function node(nodeId: string, clockOffset?: string): Promise<Driver> {
+    const driver = await startDriver({ nodeId, lease: LEASE, ownMountNamespace: true, clockOffset });
+    nodes.push(driver);
+    return driver;
+  }
+
+  function freeze(pids: number[]): () => void {
+    for (const pid of pids) {
+      process.kill(pid, "SIGSTOP");
+      frozen.add(pid);
+    }
+    return () => {
+      for (const pid of pids) {
+        process.kill(pid, "SIGCONT");
+        frozen.delete(pid);
+      }
+    };
+  }
+
+  const onRemote = (repo: string, file: string) => server.git(repo, "show", `main:${file}`).catch(() => undefined);
+  const ownerField = async (repo: string, volumeId: string, field: string) =>
+    new RegExp(`^${field}: (\\S*)`, "m").exec(await server.git(repo, "show", "-s", "--format=%B", `refs/git-csi/owner/${volumeId}`))?.[1];
+  const ownerNode = (repo: string, volumeId: string) => ownerField(repo, volumeId, "node");
+
+  /** Stages on the node until a stage succeeds; when the successful attempt started, by this (true) clock. */
+  async function takeOver(driver: Driver, volume: csi.Volume, pod: string, timeoutMs: number): Promise<{ startedAt: number; published: PublishedVolume }> {
+    return waitFor(
+      `node ${pod} to take the volume over`,
+      async () => {
+        const startedAt = Date.now();
+        return stageAndPublish(driver, volume, RWO, pod).then((published) => ({ startedAt, published }));
+      },
+      timeoutMs,
+    );
+  }
+
+  test("a taker whose clock is an hour ahead waits while the holder renews: the holder's writes all succeed and reach the remote, and once the holder freezes the taker has the volume within a lease and a renewal", async () => {
+    const repo = "ahead.git";
+    await server.createRepo(repo, { files: { "configuration.yaml": "a: 1\n" } });
+    const a = await node("node-a");
+    const b = await node("node-b-ahead", "+1h");
+    const volume = await createVolume(a, "clock-ahead", server.url(repo), RWO);
+    const onA = await stageAndPublish(a, volume, RWO, "app-a");
+    await setVolumeClass(a, volume.volumeId, CLASS);
+
+    // Two leases of A writing and B trying to stage: by B's clock A's records ran out an hour ago.
+    const until = Date.now() + 2 * LEASE_MS;
+    let writes = 0;
+    let refusals = 0;
+    while (Date.now() < until) {
+      await a.sh(`echo ${writes} > '${onA.targetPath}/w${writes}.txt'`);
+      writes++;
+      await assert.rejects(stageAndPublish(b, volume, RWO, "app-b"), /is held by node node-a/);
+      refusals++;
+      await sleep(500);
+    }
+    assert.ok(refusals >= 4, `B tried ${refusals} times`);
+    assert.equal(await ownerNode(repo, volume.volumeId), "node-a");
+    for (let i = 0; i < writes; i++) await waitFor(`A's write w${i}.txt on the remote`, () => onRemote(repo, `w${i}.txt`));
+
+    // A freezes whole: its renewals stop, and B takes the volume once it has watched a lease go by unchanged.
+    const thaw = freeze(await Promise.all((["git-worker", "mount-owner", "csi-frontend"] as const).map((s) => a.pid(s))));
+    const frozenAt = Date.now();
+    const { published: onB } = await takeOver(b, volume, "app-b", 3 * LEASE_MS);
+    const took = Date.now() - frozenAt;
+    assert.ok(took <= LEASE_MS + RENEW_MS + 4000, `B took the volume ${took} ms after A froze: more than a lease and a renewal, and the time a stage takes`);
+    assert.equal(await ownerNode(repo, volume.volumeId), "node-b-ahead");
+    assert.equal(await b.sh(`cat '${onB.targetPath}/w${writes - 1}.txt'`), `${writes - 1}\n`);
+
+    thaw();
+    await assert.rejects(a.sh(`cat '${onA.targetPath}/w0.txt'`), /Input\/output error/);
+    await unpublishAndUnstage(a, onA);
+    await unpublishAndUnstage(b, onB);
+  });
+
+  test("a holder whose clock is an hour behind, its worker alone paused: its mount refuses before the taker's claim, so no write is acknowledged on it after the takeover", async () => {
+    const repo = "behind.git";
+    await server.createRepo(repo, { files: { "configuration.yaml": "a: 1\n" } });
+    const a = await node("node-a-behind", "-1h");
+    const b = await node("node-b");
+    const volume = await createVolume(a, "clock-behind", server.url(repo), RWO);
+    const onA = await stageAndPublish(a, volume, RWO, "app-a");
+
+    // The application on A writes on; each acknowledged write is timed by this (true) clock.
+    let lastAck = 0;
+    let writing = true;
+    const writer = (async () => {
+      for (let i = 0; writing; i++) {
+        const ok = await a.sh(`echo ${i} > '${onA.targetPath}/app.txt'`).then(
+          () => true,
+          () => false,
+        );
+        if (ok) lastAck = Date.now();
+        await sleep(100);
+      }
+    })();
+    try {
+      await waitFor("a first acknowledged write", async () => lastAck > 0);
+      const thaw = freeze([await a.pid("git-worker")]);
+      const frozenAt = Date.now();
+      const { published: onB } = await takeOver(b, volume, "app-b", 3 * LEASE_MS);
+      assert.equal(await ownerNode(repo, volume.volumeId), "node-b");
+      // B's clock is true: its record's time is when it decided to claim.
+      const claimedAt = Number(await ownerField(repo, volume.volumeId, "time"));
+      assert.ok(lastAck > frozenAt, "A's mount served on after its worker paused, until its serving time");
+      assert.ok(lastAck < claimedAt, `A acknowledged a write ${lastAck - claimedAt} ms after B's claim`);
+      writing = false;
+      await writer;
+      thaw();
+      await unpublishAndUnstage(a, onA);
+      await unpublishAndUnstage(b, onB);
+    } finally {
+      writing = false;
+      await writer;
+    }
+  });
+});
