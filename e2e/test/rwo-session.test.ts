@@ -255,7 +255,7 @@ describe("the .rwo-session record and the mount epoch: retries, expiry, cleanup,
     if (wait > 0) await sleep(wait);
   }
 
-  /** Until when the record's epoch may serve: ownership.ts's serveUntil. */
+  /** About when the record's epoch stops serving: its renewal went out just after the record's time, and serves nine tenths of the lease. */
   const serveUntil = (record: OwnerFields) => Number(record.expires) - Math.floor((Number(record.expires) - Number(record.time)) / 10);
 
   async function freeze(service: "git-worker" | "mount-owner"): Promise<() => void> {
