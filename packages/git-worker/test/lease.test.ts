@@ -150,13 +150,19 @@ test("the mount serves from when its renewal was sent, by the node's own clock: 
   // The volume was released by a node whose clock runs an hour ahead: its record's time is the floor of the next one's.
   const ahead = Date.now() + 3_600_000;
   remote.git("update-ref", ownerRef(VOLUME), foreignRecord(remote, { volumeId: VOLUME, node: "node-c", epoch: "ec", accessMode: "ReadWriteOnce", time: ahead, expires: ahead, released: true }));
+  const lease = a.lease(holder("node-a", "ea"));
   const before = Date.now();
-  const claimed = await a.lease(holder("node-a", "ea")).claim(a.remote);
+  const claimed = await lease.claim(a.remote);
   const after = Date.now();
   assert.equal(claimed.held, true);
-  assert.equal(remote.record().time, ahead, "the record's time, for people, never goes back");
+  assert.equal(remote.record().time, ahead + 1, "the record's time, for people, never goes back");
   const until = Number(claimed.serveUntilUnixMs);
   assert.ok(until >= before + serveFor(LEASE_MS) && until <= after + serveFor(LEASE_MS), `serves until ${until - after} ms from now`);
+  // Each renewal is a new commit though the clock is behind the records: the ref moves, and a taker's watch starts again.
+  const first = remote.owner();
+  assert.equal((await lease.claim(a.remote)).held, true);
+  assert.notEqual(remote.owner(), first);
+  assert.equal(remote.record().time, ahead + 2);
 });
 
 test("the remote refuses a push whose owner-ref lease went stale: nothing of it lands", async (t) => {

@@ -25,14 +25,14 @@ test("claim, renew and release follow spec 000, and no decision reads a wall clo
   assert.equal((decideClaim(held, b, { now: held.expires + 3_600_000, watchedMs: 10, serving: true }) as { refuse: string }).refuse, "taken");
   // The other access mode is refused whatever was watched: the mode is immutable.
   assert.equal((decideClaim(held, { ...b, accessMode: "ReadWriteOncePod" }, { now: 2000, watchedMs: LEASE_MS, serving: true }) as { refuse: string }).refuse, "access_mode");
-  // The record's time, for people, never goes back: a writer whose clock is behind keeps the last record's.
+  // The record's time, for people, always moves on: a writer whose clock is behind writes just after the last record's, so each record is a new commit.
   const renewed = decideRenew(held, a, 500, true);
-  assert.ok("write" in renewed && renewed.write.time === 1000 && renewed.write.expires === 1000 + LEASE_MS);
+  assert.ok("write" in renewed && renewed.write.time === 1001 && renewed.write.expires === 1001 + LEASE_MS);
   // Once its mount stopped serving by its own clock, the epoch never renews or reclaims; another takes over after its watch.
   assert.equal((decideRenew(held, a, 0, false) as { refuse: string }).refuse, "expired");
   assert.equal((decideClaim(held, a, { now: 0, watchedMs: 0, serving: false }) as { refuse: string }).refuse, "expired");
   const taken = decideClaim(held, b, { now: 0, watchedMs: LEASE_MS, serving: true });
-  assert.ok("write" in taken && taken.write.epoch === "eb" && taken.write.time === 1000);
+  assert.ok("write" in taken && taken.write.epoch === "eb" && taken.write.time === 1001);
   // Release is idempotent and never clears a successor.
   assert.deepEqual(decideRelease(taken.write, "ea", 3000), { keep: taken.write });
   const released = decideRelease(taken.write, "eb", 3000);
@@ -44,6 +44,8 @@ test("claim, renew and release follow spec 000, and no decision reads a wall clo
   // A restarted worker or mount owner claims the epoch it had again: another epoch followed it, so it never comes back.
   assert.equal((decideClaim(released.write, { ...a, continues: true }, { now: 5000, watchedMs: LEASE_MS, serving: true }) as { refuse: string }).refuse, "superseded");
   assert.equal((decideClaim(undefined, { ...a, continues: true }, { now: 0, watchedMs: 0, serving: true }) as { refuse: string }).refuse, "superseded");
+  // A continuing epoch another epoch followed is superseded, never told it may take the volume over later.
+  assert.equal((decideClaim(held, { ...b, epoch: "eb-old", continues: true }, { now: 0, watchedMs: 0, serving: true }) as { refuse: string }).refuse, "superseded");
   // The mount serves a tenth less than the lease after the renewal was sent.
   assert.equal(serveFor(LEASE_MS), LEASE_MS - LEASE_MS / 10);
 });
@@ -120,8 +122,10 @@ class Model {
     return this.realTime + this.skew[node]!;
   }
 
+  /** A ref names a commit, and a commit is its content: writing the record the ref already names lands "up to date" and moves nothing. */
   private cas(expected: number, record: OwnerRecord): boolean {
     if (this.register.version !== expected) return false;
+    if (formatRecord(record) === (this.register.record && formatRecord(this.register.record))) return true;
     if (this.register.record && this.register.record.epoch !== record.epoch) this.superseded.add(this.register.record.epoch);
     this.register.version++;
     this.register.record = record;

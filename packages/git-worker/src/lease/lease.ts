@@ -215,11 +215,14 @@ export class MountLease {
   /** What the mount owner needs: whether to serve, and until when. */
   state(): gitWorker.MountLease {
     if (this.lost) return { held: false, serveUntilUnixMs: 0, refusal: this.lostRefusal, message: this.lost };
-    if (!this.record) return { held: false, serveUntilUnixMs: 0, refusal: gitWorker.LeaseRefusal.LEASE_REFUSAL_NONE, message: "the lease is renewed once a publish brings the volume's credential" };
+    // Never claimed here (a restarted worker waits for its Secret): the mount serves on the time it was last given.
+    if (!this.record || this.servingUntil === undefined) {
+      return { held: false, serveUntilUnixMs: 0, refusal: gitWorker.LeaseRefusal.LEASE_REFUSAL_NONE, message: "the lease is renewed once a publish brings the volume's credential" };
+    }
     // By this node's clock the mount stopped serving: the report and the abnormal gauge say so before any renewal does.
     if (!this.serving()) return { held: false, serveUntilUnixMs: 0, refusal: REFUSALS.expired, message: describeRefusal({ refuse: "expired", record: this.record }, this.holder) };
     // The mount owner's fence reads the wall clock: the monotonic deadline as a wall time read now, on the same node.
-    return { held: true, serveUntilUnixMs: Math.floor(Date.now() + this.servingUntil! - monotonic()), refusal: gitWorker.LeaseRefusal.LEASE_REFUSAL_NONE, message: "" };
+    return { held: true, serveUntilUnixMs: Math.floor(Date.now() + this.servingUntil - monotonic()), refusal: gitWorker.LeaseRefusal.LEASE_REFUSAL_NONE, message: "" };
   }
 
   /**

@@ -37,9 +37,14 @@ export type Refusal = "expired" | "released" | "taken" | "superseded" | "access_
 export type Refused = { refuse: Refusal; record: OwnerRecord | undefined; leftMs?: number };
 export type Decision = { write: OwnerRecord } | { keep: OwnerRecord | undefined } | Refused;
 
-/** The record's time, for people: the writer's wall clock, never behind the previous record's. No decision reads it. */
+/**
+ * The record's time, for people: the writer's wall clock, and always after
+ * the previous record's. No decision reads it, but it makes each record's
+ * commit new: a renewal that wrote the very commit the ref names would land
+ * as "up to date" and move nothing a taker watches.
+ */
 function recordTime(current: OwnerRecord | undefined, now: number): number {
-  return Math.max(now, current?.time ?? 0);
+  return current ? Math.max(now, current.time + 1) : now;
 }
 
 function leaseFor(holder: Holder, time: number): OwnerRecord {
@@ -80,9 +85,9 @@ export interface LocalView {
 export function decideClaim(current: OwnerRecord | undefined, holder: Holder, local: LocalView): { write: OwnerRecord } | Refused {
   if (current && current.accessMode !== holder.accessMode) return { refuse: "access_mode", record: current };
   if (current?.epoch === holder.epoch) return decideRenew(current, holder, local.now, local.serving);
+  if (holder.continues) return { refuse: "superseded", record: current };
   const leftMs = current && !current.released ? watchLeft(current, local.watchedMs) : 0;
   if (leftMs > 0) return { refuse: "taken", record: current, leftMs };
-  if (holder.continues) return { refuse: "superseded", record: current };
   return { write: leaseFor(holder, recordTime(current, local.now)) };
 }
 
