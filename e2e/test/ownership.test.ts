@@ -3,7 +3,7 @@ import * as fs from "node:fs/promises";
 import { after, before, describe, test } from "node:test";
 import { setTimeout as sleep } from "node:timers/promises";
 import { csi } from "@git-csi/protos";
-import { createVolume, type Driver, freePort, metricsText, metricValue, report, setVolumeClass, sh, stageAndPublish, startDriver, unpublishAndUnstage, waitFor } from "../src/driver";
+import { createVolume, type Driver, freePort, metricsText, metricValue, report, setVolumeClass, sh, stageAndPublish, startDriver, unpublishAndUnstage, volumeLogs, waitFor } from "../src/driver";
 import { type GitServer, startGitDaemon } from "../src/git-server";
 
 const RWO = csi.VolumeCapability_AccessMode_Mode.SINGLE_NODE_MULTI_WRITER;
@@ -87,12 +87,27 @@ describe("RWO ownership across two nodes (spec 000)", () => {
       await unpublishAndUnstage(a, onA);
       assert.equal(await a.sh(`grep ' git-csi:${volume.volumeId} ' /proc/self/mountinfo || true`), "");
       assert.match(await ownerRecord(volume.volumeId), /node: node-b\n[\s\S]*released: false/);
+      // A's acknowledged late write is not lost with A's node: its commit waits on a stranded ref, which moves no branch.
+      const stranded = (await server.git(repo, "for-each-ref", "--format=%(refname)", `refs/git-csi/stranded/${volume.volumeId}/`)).trim();
+      assert.match(stranded, new RegExp(`^refs/git-csi/stranded/${volume.volumeId}/[0-9a-f]{40}$`));
+      assert.equal(await onRemote("late.txt", stranded), "late");
+      assert.equal(await onRemote("late.txt"), undefined);
+      assert.match(volumeLogs(a, volume.volumeId), /"reason":"GitVolumeStranded"/);
 
       // B goes on, then releases at its unstage.
       await b.sh(`echo again > '${onB.targetPath}/again.txt'`);
       await waitFor("B's next write on the remote", () => onRemote("again.txt"));
       await unpublishAndUnstage(b, onB);
       assert.match(await ownerRecord(volume.volumeId), /node: node-b\n[\s\S]*released: true/);
+
+      // B's next stage brings A's stranded commit in, its next push lands it on main, and the stranded ref goes.
+      const again = await stageAndPublish(b, volume, RWO, "app-b");
+      await setVolumeClass(b, volume.volumeId, CLASS);
+      assert.equal(await b.sh(`cat '${again.targetPath}/late.txt'`), "late\n");
+      assert.equal(await b.sh(`cat '${again.targetPath}/again.txt'`), "again\n");
+      await unpublishAndUnstage(b, again);
+      assert.equal(await onRemote("late.txt"), "late");
+      assert.equal((await server.git(repo, "for-each-ref", `refs/git-csi/stranded/${volume.volumeId}/`)).trim(), "");
     } finally {
       for (const pid of frozen) {
         try {

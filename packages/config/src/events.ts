@@ -19,6 +19,8 @@ export const Reason = {
   CommitFailed: "GitVolumeCommitFailed",
   // Beyond spec 004's list: a write to what the driver does not serve (a Git LFS file, a submodule's directory).
   NotServed: "GitVolumeNotServed",
+  // Beyond spec 004's list: commits a lost mount epoch made wait on refs/git-csi/stranded/ for the volume's next stage.
+  Stranded: "GitVolumeStranded",
 } as const;
 
 export type ReasonName = (typeof Reason)[keyof typeof Reason];

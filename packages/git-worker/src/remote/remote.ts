@@ -1,6 +1,6 @@
 import type { SimpleGit } from "simple-git";
 import { METADATA_REF } from "@git-csi/config";
-import { ownerRef, UPSTREAM_METADATA, upstreamOwnerRef, upstreamRef } from "../trees/store";
+import { ownerRef, strandedRef, UPSTREAM_METADATA, upstreamOwnerRef, upstreamRef, upstreamStrandedRef } from "../trees/store";
 import { isAncestor, revParse } from "./tree";
 import { gitMessage, runGit } from "./git";
 
@@ -29,6 +29,23 @@ export async function fetchBranch(repo: SimpleGit, branch: string, withMetadata 
     }
     throw new RemoteError(`fetch of ${branch} failed: ${message}`);
   }
+}
+
+/** The volume's stranded refs on the remote, ref → commit, fetched into the node's view of them (none is no error). */
+export async function fetchStranded(repo: SimpleGit, volumeId: string): Promise<Map<string, string>> {
+  const view = upstreamStrandedRef(volumeId);
+  await fetch(repo, [`+${strandedRef(volumeId)}*:${view}*`]).catch((err: unknown) => {
+    throw new RemoteError(`fetch of ${strandedRef(volumeId)}* failed: ${gitMessage(err)}`);
+  });
+  const listed = (await runGit(repo, ["for-each-ref", "--format=%(objectname) %(refname)", view])).split("\n").filter(Boolean);
+  return new Map(listed.map((line) => line.split(" ") as [string, string]).map(([oid, ref]) => [strandedRef(volumeId, ref.slice(view.length)), oid]));
+}
+
+/** A lost epoch's commit to its stranded ref: no lease, since it moves no data branch; the same commit again is no change. */
+export async function pushStranded(repo: SimpleGit, volumeId: string, commit: string): Promise<void> {
+  await runGit(repo, ["push", "--quiet", "origin", `${commit}:${strandedRef(volumeId, commit)}`]).catch((err: unknown) => {
+    throw new RemoteError(`the push of ${strandedRef(volumeId, commit)} failed: ${gitMessage(err)}`);
+  });
 }
 
 /** Fetches refs/git-csi/metadata; "" when the remote has none yet. */

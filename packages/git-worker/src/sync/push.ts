@@ -8,6 +8,7 @@ import type { VolumeReporter } from "../report";
 import type { SyncScheduler } from "./schedule";
 import { UPSTREAM_METADATA } from "../trees/store";
 import { revParse } from "../remote/tree";
+import type { VolumeStranded } from "./stranded";
 import type { VolumeUpstream } from "./upstream";
 import type { VolumeState } from "./volume";
 
@@ -23,6 +24,7 @@ export class VolumePush {
     private readonly report: VolumeReporter,
     private readonly scheduler: SyncScheduler,
     private readonly upstream: VolumeUpstream,
+    private readonly stranded: VolumeStranded,
   ) {}
 
   /**
@@ -134,6 +136,7 @@ export class VolumePush {
   private async landed(head: string, candidate: string): Promise<void> {
     if (candidate !== head) await this.upstream.takeRebased(head, candidate);
     this.pushed();
+    await this.stranded.settle(candidate);
     // HEAD itself landed: nothing is left to count. A tree that could not take a rebased commit keeps commits the remote lacks.
     if (candidate !== head) await this.upstream.refreshUnpushed();
   }

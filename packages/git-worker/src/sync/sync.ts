@@ -6,11 +6,14 @@ import type { gitcsi, gitWorker } from "@git-csi/protos";
 import { VolumeCommitter } from "./commit";
 import type { MountLease, OnRemote } from "../lease/lease";
 import { VolumeCredential } from "../remote/publish-credential";
+import { GitCommandError } from "../remote/git";
+import { RemoteError } from "../remote/remote";
 import { VolumePush } from "./push";
 import { POD_STOPPED, type SyncOutcome } from "./push-decisions";
 import type { RenewalMember } from "../lease/renewal";
 import { VolumeReporter } from "../report";
 import { SyncScheduler, systemClock } from "./schedule";
+import { VolumeStranded } from "./stranded";
 import type { PreparedTree } from "../trees/stage";
 import { VolumeUpstream } from "./upstream";
 import { type SyncContext, VolumeState } from "./volume";
@@ -30,6 +33,7 @@ export class VolumeSync {
   private readonly committer: VolumeCommitter;
   private readonly upstream: VolumeUpstream;
   private readonly pusher: VolumePush;
+  private readonly stranded: VolumeStranded;
   private subscription?: watcher.AsyncSubscription;
   private readonly batches = new WatchBatches();
   private readonly credential: VolumeCredential;
@@ -45,7 +49,8 @@ export class VolumeSync {
     this.scheduler = new SyncScheduler(systemClock, hasWork, (trigger) => void this.sync(trigger).catch((err: unknown) => this.reporter.fail("sync", err)));
     this.upstream = new VolumeUpstream(s, this.reporter, this.scheduler);
     this.committer = new VolumeCommitter(s, this.reporter, this.scheduler, () => this.upstream.refreshUnpushed());
-    this.pusher = new VolumePush(s, this.reporter, this.scheduler, this.upstream);
+    this.stranded = new VolumeStranded(s, this.reporter, this.upstream);
+    this.pusher = new VolumePush(s, this.reporter, this.scheduler, this.upstream, this.stranded);
     this.credential = new VolumeCredential(s, this.reporter, (trigger) => this.sync(trigger));
   }
 
@@ -112,6 +117,7 @@ export class VolumeSync {
     this.credential.warnIfHostKeyUnverified();
     await this.committer.writeExcludes();
     await this.steps.run(() => this.ctx.onRepository(() => (reused ? this.upstream.reconcileAtStage(fetched) : this.upstream.replayMetadata())));
+    await this.steps.run(() => this.ctx.onRepository(() => this.adoptStranded()));
     await this.catchUpOnWrites();
     const treeDir = this.s.treeDir;
     this.subscription = await watcher.subscribe(treeDir, (err, events) => {
@@ -167,10 +173,21 @@ export class VolumeSync {
     await fs.mkdir(this.s.volumeDir, { recursive: true });
     await watcher.writeSnapshot(this.s.treeDir, this.snapshotFile());
     await fs.writeFile(this.pendingFile(), JSON.stringify([...this.s.changed, ...this.s.pending]));
+    await this.ctx.onRepository(() => this.stranded.leave());
     const released = releaseEpoch === this.epoch ? await this.s.lease.release((operation) => this.s.remote(operation)) : false;
     this.s.access.close();
     this.ctx.metrics.forget(this.s.labels);
     return released;
+  }
+
+  /** A remote that cannot list or take the stranded refs now leaves them there for the next stage: the stage goes on. */
+  private async adoptStranded(): Promise<void> {
+    try {
+      await this.stranded.adopt();
+    } catch (err) {
+      if (!(err instanceof RemoteError) && !(err instanceof GitCommandError)) throw err;
+      this.s.log("warn", `the stranded refs of the volume wait for its next stage: ${err.message}`, "strand");
+    }
   }
 
   /** What the last stop left pending; a record that cannot be read costs one full scan, never a path. */

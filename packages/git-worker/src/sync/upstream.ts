@@ -151,6 +151,16 @@ export class VolumeUpstream {
     this.report.emit(Reason.RefDeleted, "Warning", `${this.s.branch} was deleted upstream; the volume's commits go to ${this.s.sideBranch} so nothing is lost`);
   }
 
+  /**
+   * Commits a lost mount epoch left on a stranded ref, replayed onto the
+   * tree; false, and nothing moved, where they conflict with it.
+   */
+  async takeStranded(head: string, stranded: string): Promise<boolean> {
+    const base = (await runGit(this.s.repo, ["merge-base", head, stranded])).trim();
+    const rebased = await this.rebaseInScratch(stranded, head, base);
+    return rebased !== undefined && (await this.moveTree(head, rebased));
+  }
+
   /** The pod's tree takes a rebased commit that landed, in one step. */
   async takeRebased(head: string, rebased: string): Promise<void> {
     if (await this.moveTree(head, rebased)) {

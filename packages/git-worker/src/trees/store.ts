@@ -126,6 +126,20 @@ export function ownerRef(volumeId: string): string {
   return `refs/git-csi/owner/${volumeId}`;
 }
 
+/**
+ * Where commits a lost mount epoch made wait on the remote for the volume's
+ * next stage, named by the commit: no data branch follows the ref, so the
+ * epoch's fence holds, and pushing the same commit twice changes nothing.
+ */
+export function strandedRef(volumeId: string, commit = ""): string {
+  return `refs/git-csi/stranded/${volumeId}/${commit}`;
+}
+
+/** The node's view of the volume's stranded refs, fetched at stage. */
+export function upstreamStrandedRef(volumeId: string): string {
+  return `${UPSTREAM_PREFIX}stranded/${volumeId}/`;
+}
+
 /** What the node last saw of the volume's owner ref. */
 export function upstreamOwnerRef(volumeId: string): string {
   return `${UPSTREAM_PREFIX}owner/${volumeId}`;
