@@ -54,12 +54,21 @@ export interface DriverOptions {
   kubeconfig?: string;
   /** The node's wall clock this far from the machine's (libfaketime's FAKETIME offset, e.g. "+1h"), for every process of the node. */
   clockOffset?: string;
+  /**
+   * A file holding the node's wall clock offset, which the node's processes
+   * read again each second: writing it steps their wall clock, as an NTP
+   * step does, while their monotonic clocks run on untouched.
+   */
+  clockFile?: string;
 }
 
 /** Debian's libfaketime: every clock a process reads (wall and monotonic) moved by the offset, in it and its children. */
 const LIBFAKETIME = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1";
 
 function nodeEnv(options: DriverOptions): NodeJS.ProcessEnv {
+  if (options.clockFile) {
+    return { ...process.env, LD_PRELOAD: LIBFAKETIME, FAKETIME_TIMESTAMP_FILE: options.clockFile, FAKETIME_CACHE_DURATION: "1", FAKETIME_DONT_FAKE_MONOTONIC: "1" };
+  }
   if (!options.clockOffset) return process.env;
   return { ...process.env, LD_PRELOAD: LIBFAKETIME, FAKETIME: options.clockOffset };
 }

@@ -1,5 +1,7 @@
 import assert from "node:assert/strict";
 import * as fs from "node:fs/promises";
+import * as os from "node:os";
+import * as path from "node:path";
 import { after, before, describe, test } from "node:test";
 import { setTimeout as sleep } from "node:timers/promises";
 import { csi } from "@git-csi/protos";
@@ -34,8 +36,8 @@ describe("the lease trusts no node's wall clock", () => {
     await server?.stop();
   });
 
-  async function node(nodeId: string, clockOffset?: string): Promise<Driver> {
-    const driver = await startDriver({ nodeId, lease: LEASE, ownMountNamespace: true, clockOffset });
+  async function node(nodeId: string, clockOffset?: string, clockFile?: string): Promise<Driver> {
+    const driver = await startDriver({ nodeId, lease: LEASE, ownMountNamespace: true, clockOffset, clockFile });
     nodes.push(driver);
     return driver;
   }
@@ -109,15 +111,18 @@ describe("the lease trusts no node's wall clock", () => {
     await unpublishAndUnstage(b, onB);
   });
 
-  test("a holder whose clock is an hour behind, its worker alone paused: its mount refuses before the taker's claim, so no write is acknowledged on it after the takeover", async () => {
-    const repo = "behind.git";
+  /**
+   * A's application writes on while A's git worker alone is paused (its
+   * renewals stop, its mount owner serves on); `meanwhile` runs once the
+   * worker is paused. B takes the volume over; every write A acknowledged
+   * came before B's claim, and some came after the pause.
+   */
+  async function noWriteAfterTakeover(a: Driver, b: Driver, repo: string, volumeId: string, meanwhile: () => Promise<void>): Promise<void> {
     await server.createRepo(repo, { files: { "configuration.yaml": "a: 1\n" } });
-    const a = await node("node-a-behind", "-1h");
-    const b = await node("node-b");
-    const volume = await createVolume(a, "clock-behind", server.url(repo), RWO);
+    const volume = await createVolume(a, volumeId, server.url(repo), RWO);
     const onA = await stageAndPublish(a, volume, RWO, "app-a");
 
-    // The application on A writes on; each acknowledged write is timed by this (true) clock.
+    // Each acknowledged write is timed by this (true) clock.
     let lastAck = 0;
     let writing = true;
     const writer = (async () => {
@@ -134,10 +139,11 @@ describe("the lease trusts no node's wall clock", () => {
       await waitFor("a first acknowledged write", async () => lastAck > 0);
       const thaw = freeze([await a.pid("git-worker")]);
       const frozenAt = Date.now();
+      await meanwhile();
       const { published: onB } = await takeOver(b, volume, "app-b", 3 * LEASE_MS);
-      assert.equal(await ownerNode(repo, volume.volumeId), "node-b");
+      assert.equal(await ownerNode(repo, volumeId), "node-b");
       // B's clock is true: its record's time is when it decided to claim.
-      const claimedAt = Number(await ownerField(repo, volume.volumeId, "time"));
+      const claimedAt = Number(await ownerField(repo, volumeId, "time"));
       assert.ok(lastAck > frozenAt, "A's mount served on after its worker paused, until its serving time");
       assert.ok(lastAck < claimedAt, `A acknowledged a write ${lastAck - claimedAt} ms after B's claim`);
       writing = false;
@@ -149,5 +155,19 @@ describe("the lease trusts no node's wall clock", () => {
       writing = false;
       await writer;
     }
+  }
+
+  test("a holder whose clock is an hour behind, its worker alone paused: its mount refuses before the taker's claim, so no write is acknowledged on it after the takeover", async () => {
+    const a = await node("node-a-behind", "-1h");
+    const b = await node("node-b");
+    await noWriteAfterTakeover(a, b, "behind.git", "clock-behind", async () => undefined);
+  });
+
+  test("a holder whose wall clock steps an hour back after its renewals stopped still stops serving on time: its fence reads no wall clock", async () => {
+    const clockFile = path.join(await fs.mkdtemp(path.join(os.tmpdir(), "git-csi-clock-")), "offset");
+    await fs.writeFile(clockFile, "+0\n");
+    const a = await node("node-a-steps", undefined, clockFile);
+    const b = await node("node-b-steady");
+    await noWriteAfterTakeover(a, b, "steps.git", "clock-steps", () => fs.writeFile(clockFile, "-1h\n"));
   });
 });

@@ -365,6 +365,14 @@ static napi_value js_fence(napi_env env, napi_callback_info info)
 	return NULL;
 }
 
+static napi_value js_clock_ms(napi_env env, napi_callback_info info)
+{
+	(void)info;
+	napi_value ms;
+	napi_create_double(env, (double)serving_clock_ms(), &ms);
+	return ms;
+}
+
 static napi_value init(napi_env env, napi_value exports)
 {
 	napi_property_descriptor props[] = {
@@ -374,6 +382,7 @@ static napi_value init(napi_env env, napi_value exports)
 		{ "fence", NULL, js_fence, NULL, NULL, NULL, napi_default, NULL },
 		{ "syncMount", NULL, js_sync_mount, NULL, NULL, NULL, napi_default, NULL },
 		{ "resume", NULL, js_resume, NULL, NULL, NULL, napi_default, NULL },
+		{ "clockMs", NULL, js_clock_ms, NULL, NULL, NULL, napi_default, NULL },
 	};
 	napi_define_properties(env, exports, sizeof(props) / sizeof(props[0]), props);
 	return handover_exports(env, exports);

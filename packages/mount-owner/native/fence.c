@@ -11,10 +11,15 @@
 #include <string.h>
 #include <time.h>
 
-static int64_t now_ms(void)
+/*
+ * The clock a lease's serving time is kept on: no wall clock step moves it,
+ * and unlike CLOCK_MONOTONIC it goes on while the machine is suspended, so a
+ * node that wakes up finds its serving time over.
+ */
+int64_t serving_clock_ms(void)
 {
 	struct timespec ts;
-	clock_gettime(CLOCK_REALTIME, &ts);
+	clock_gettime(CLOCK_BOOTTIME, &ts);
 	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
@@ -30,7 +35,7 @@ bool refused(fuse_req_t req)
 	struct volume *v = fuse_req_userdata(req);
 	if (!atomic_load(&v->fenced)) {
 		/* The lease's end fences at once, whether or not JS timers ran. */
-		if (now_ms() < atomic_load(&v->serve_until_ms))
+		if (serving_clock_ms() < atomic_load(&v->serve_until_ms))
 			return false;
 		fence(v);
 	}

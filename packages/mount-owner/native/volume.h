@@ -89,7 +89,7 @@ struct volume {
 
 	/* Epoch fence: set once, never cleared. */
 	atomic_bool fenced;
-	_Atomic int64_t serve_until_ms;
+	_Atomic int64_t serve_until_ms; /* on serving_clock_ms() */
 	atomic_uint refused_pending; /* refusals JS has not been told of */
 	napi_threadsafe_function on_fenced;
 
@@ -181,6 +181,7 @@ extern const struct fuse_lowlevel_ops gitcsi_ops;
 
 /* fence.c */
 /* True (and the request answered EIO) once the epoch no longer holds the volume. */
+int64_t serving_clock_ms(void);
 bool refused(fuse_req_t req);
 void fence(struct volume *v);
 void fence_settle(struct volume *v);

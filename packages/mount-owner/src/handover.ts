@@ -14,7 +14,7 @@ import type { Logger } from "@git-csi/logging";
 import type { OperationMetrics } from "@git-csi/metrics";
 import { type CsiError } from "@git-csi/protos";
 import { status } from "@grpc/grpc-js";
-import { type EpochFence, type FuseMount, type KeptConnection, mountFuse, resumeFuse, setIncarnation, takeKept } from "./fuse/binding";
+import { type EpochFence, type FuseMount, type KeptConnection, mountFuse, resumeFuse, servingClock, setIncarnation, takeKept } from "./fuse/binding";
 import { fuseSource } from "./mounts";
 import type { MountOwner, StagedMount, StagedPaths } from "./service";
 import { writeFileAtomic } from "./state";
@@ -196,9 +196,9 @@ export class Handover {
     const log = { volume: volumeId, operation: "fuse_resume" };
     const serve = async (paths: StagedPaths, epoch: EpochFence) =>
       this.kept(volumeId, resumeFuse({ mountpoint: paths.stagingPath, backing: paths.treePath, fsname: fuseSource(volumeId), epoch }, connection));
-    const deadline = Date.now() + this.deps.leaseMs;
+    const deadline = servingClock() + this.deps.leaseMs;
     for (;;) {
-      const lost = Date.now() > deadline ? "the epoch could not be checked within a lease of the mount owner's restart" : undefined;
+      const lost = servingClock() > deadline ? "the epoch could not be checked within a lease of the mount owner's restart" : undefined;
       try {
         const held = await owner.resume(volumeId, serve, lost);
         this.deps.metrics.count(held ? "fuse_resumed" : "fuse_resume_epoch_lost");

@@ -1,11 +1,12 @@
 import type { Logger } from "@git-csi/logging";
 import type { OperationMetrics } from "@git-csi/metrics";
 import { call, type gitWorker } from "@git-csi/protos";
+import { servingClock } from "./fuse/binding";
 
 /** A mount session as its renewal sees it. */
 export interface RenewedSession {
   epoch: string;
-  /** Until when the mount may serve without another renewal, by this node's clock. */
+  /** Until when the mount may serve without another renewal, on servingClock(). */
   serveUntil: number;
   /** Why the epoch no longer holds the volume; a lost epoch is never renewed. */
   lost?: string;
@@ -47,7 +48,7 @@ async function renewOnce<S extends RenewedSession>(deps: RenewalDeps<S>): Promis
   const asked: [string, S][] = [];
   for (const [volumeId, session] of deps.sessions()) {
     if (session.lost) continue;
-    if (Date.now() >= session.serveUntil) deps.ranOut(volumeId, session);
+    if (servingClock() >= session.serveUntil) deps.ranOut(volumeId, session);
     else asked.push([volumeId, session]);
   }
   if (asked.length === 0) return;
@@ -66,7 +67,8 @@ async function renewOnce<S extends RenewedSession>(deps: RenewalDeps<S>): Promis
 
 function failed<S extends RenewedSession>(deps: RenewalDeps<S>, volumeId: string, session: S, why: string): void {
   deps.metrics.count("mount_renewal_failed");
-  deps.logger.warn(`renew_mount failed; the mount serves until ${new Date(session.serveUntil).toISOString()} unless a renewal succeeds: ${why}`, {
+  const left = Math.max(0, Math.ceil((session.serveUntil - servingClock()) / 1000));
+  deps.logger.warn(`renew_mount failed; the mount serves ${left} s more unless a renewal succeeds: ${why}`, {
     volume: volumeId,
     operation: "renew_mount",
   });

@@ -2,6 +2,7 @@ import { failedPrecondition, gitWorker, unavailable } from "@git-csi/protos";
 import type { Owner, StagedMount } from "./context";
 import type { EpochFence } from "./fuse/binding";
 import { readSession } from "./session";
+import { servingDeadline } from "./sessions";
 import { startSession } from "./stage";
 
 /** Where a staged volume is mounted, and the tree it serves. */
@@ -28,7 +29,7 @@ export async function resume(owner: Owner, volumeId: string, serve: (paths: Stag
     if (lease && !lease.held && lease.refusal === gitWorker.LeaseRefusal.LEASE_REFUSAL_NONE) throw unavailable(`volume ${volumeId}: the epoch is not checked yet: ${lease.message}`);
     const held = lease?.held === true;
     const paths = { stagingPath: record.stagingPath, treePath: record.treePath };
-    const begun = { stagingPath: paths.stagingPath, epoch: session.epoch, workerInstance: instance, serveUntil: held ? Number(lease.serveUntilUnixMs) : 0 };
+    const begun = { stagingPath: paths.stagingPath, epoch: session.epoch, workerInstance: instance, serveUntil: held ? servingDeadline(lease) : 0 };
     const live = await startSession(owner, volumeId, begun, (fence) => serve(paths, fence));
     if (!held) owner.sessions.lose(volumeId, live, lost ?? (lease?.message || "the lease was not renewed when the mount owner restarted"));
     return held;

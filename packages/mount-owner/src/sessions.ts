@@ -3,6 +3,7 @@ import type { Logger } from "@git-csi/logging";
 import type { OperationMetrics } from "@git-csi/metrics";
 import { type CsiError, failedPrecondition, type gitcsi, gitWorker } from "@git-csi/protos";
 import type { StagedMount } from "./context";
+import { servingClock } from "./fuse/binding";
 
 /** A staged volume's FUSE session, its mount epoch, and the git worker instance that watches its tree. */
 export interface LiveSession {
@@ -10,7 +11,7 @@ export interface LiveSession {
   mount: StagedMount;
   workerInstance: string;
   epoch: string;
-  /** Until when the mount may serve without another renewal, by this node's clock. */
+  /** Until when the mount may serve without another renewal, on servingClock(). */
   serveUntil: number;
   /** Why the epoch no longer holds the volume; once set, the mount never serves again. */
   lost?: string;
@@ -94,7 +95,7 @@ export class MountSessions {
   applyLease(volumeId: string, session: LiveSession, lease: gitWorker.MountLease | undefined): void {
     if (!lease || session.lost) return;
     if (lease.held) {
-      session.serveUntil = Number(lease.serveUntilUnixMs);
+      session.serveUntil = servingDeadline(lease);
       session.mount.serveUntil(session.serveUntil);
     } else if (lease.refusal !== gitWorker.LeaseRefusal.LEASE_REFUSAL_NONE) this.lose(volumeId, session, lease.message);
   }
@@ -102,7 +103,17 @@ export class MountSessions {
 
 /** Why the session's epoch no longer holds the volume: lost, or its lease's end passed before a renewal noticed. */
 export function whyLost(session: LiveSession): string | undefined {
-  return session.lost ?? (Date.now() >= session.serveUntil ? "the lease ran out unrenewed" : undefined);
+  return session.lost ?? (servingClock() >= session.serveUntil ? "the lease ran out unrenewed" : undefined);
+}
+
+/**
+ * A held lease's end on servingClock(). The git worker reads its serving
+ * deadline (kept on its own monotonic clock) as a wall-clock time on this
+ * node, and this reads the wall clock again moments later: the end comes a
+ * little early, never late, and no wall clock step after this moves it.
+ */
+export function servingDeadline(lease: gitWorker.MountLease): number {
+  return servingClock() + Number(lease.serveUntilUnixMs) - Date.now();
 }
 
 export function epochLost(volumeId: string, why: string): CsiError {

@@ -4,7 +4,7 @@ import type { Owner, StagedMount } from "./context";
 import type { EpochFence } from "./fuse/binding";
 import { fuseSource, readMountTable, unmountAll } from "./mounts";
 import { newSession, readSession, removeSession, type SessionRecord, writeSession } from "./session";
-import { epochLost, type LiveSession, withMaterial } from "./sessions";
+import { epochLost, type LiveSession, servingDeadline, withMaterial } from "./sessions";
 import { checkIdentity, type VolumeRecord } from "./state";
 import { applyVolumeMountGroup } from "./volume-group";
 import type { ClaimedTree } from "./worker-link";
@@ -99,7 +99,7 @@ async function serve(owner: Owner, volumeId: string, stagingPath: string, tree: 
   // A mount a dead mount owner left behind answers ENOTCONN; it goes before the new session.
   await unmountAll(stagingPath);
   await fs.mkdir(stagingPath, { recursive: true });
-  const begun = { stagingPath, workerInstance: tree.workerInstance, epoch, serveUntil: tree.lease!.serveUntilUnixMs, credential: withMaterial(credential) };
+  const begun = { stagingPath, workerInstance: tree.workerInstance, epoch, serveUntil: servingDeadline(tree.lease!), credential: withMaterial(credential) };
   await startSession(owner, volumeId, begun, (fence) => owner.deps.mountTree(volumeId, tree.treePath, stagingPath, fence));
 }
 

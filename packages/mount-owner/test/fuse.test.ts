@@ -9,7 +9,7 @@ import { join } from "node:path";
 import { after, before, describe, test } from "node:test";
 import { promisify } from "node:util";
 import { setTimeout as sleep } from "node:timers/promises";
-import { type FuseMount, mountFuse, resumeFuse, setIncarnation, takeKept } from "../src/fuse/binding";
+import { type FuseMount, mountFuse, resumeFuse, servingClock, setIncarnation, takeKept } from "../src/fuse/binding";
 
 const execFileAsync = promisify(execFile);
 const EIO = /Input\/output error/;
@@ -492,10 +492,10 @@ describe("epoch fence", () => {
   test("the lease's end fences without a call: operations fail from then on, and JavaScript hears of it", async () => {
     const volume = tempVolume();
     const refusals: number[] = [];
-    const mount = mountFuse({ mountpoint: volume.mnt, backing: volume.backing, fsname: "git-csi:lease", epoch: { serveUntilMs: Date.now() + 60_000, onFenced: (n) => refusals.push(n) } });
+    const mount = mountFuse({ mountpoint: volume.mnt, backing: volume.backing, fsname: "git-csi:lease", epoch: { serveUntilMs: servingClock() + 60_000, onFenced: (n) => refusals.push(n) } });
     try {
       await sh(volume, 'echo before > "$M/f" && cat "$M/f"');
-      mount.serveUntil(Date.now() + 1000);
+      mount.serveUntil(servingClock() + 1000);
       await sh(volume, 'echo still >> "$M/f"');
       await sleep(1200);
       assert.match(await shFails(volume, 'cat "$M/f"'), EIO);

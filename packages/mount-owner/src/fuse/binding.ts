@@ -19,6 +19,7 @@ interface NativeAddon {
   take(socketPath: string): KeptConnection[];
   quiesce(handle: NativeHandle): void;
   setIncarnation(incarnation: number): void;
+  clockMs(): number;
 }
 
 /** A FUSE connection the keeper holds: its /dev/fuse descriptor (now this process's too) and the kernel's INIT of it. */
@@ -31,11 +32,19 @@ export interface KeptConnection {
 // Built by `make build` into the package's dist (see native/Makefile).
 const addon = require(join(__dirname, "../../native/gitcsi_fuse.node")) as NativeAddon;
 
+/**
+ * The clock a mount's serving time is kept on, in ms (CLOCK_BOOTTIME, as the
+ * server's own check reads it): a wall clock step moves no deadline.
+ */
+export function servingClock(): number {
+  return addon.clockMs();
+}
+
 /** setTimeout's longest delay; a later deadline is re-armed when it comes. */
 const MAX_TIMER_MS = 2 ** 31 - 1;
 
 export interface EpochFence {
-  /** Until when the mount may serve (ms since the epoch); Infinity for always. */
+  /** Until when the mount may serve, on servingClock(); Infinity for always. */
   serveUntilMs: number;
   /**
    * The server fenced the mount (its lease ran out) or refused more
@@ -104,7 +113,7 @@ function wrap(handle: NativeHandle, opts: FuseMountOptions, epoch: EpochFence): 
   function arm(ms: number): void {
     clearTimeout(deadline);
     if (!Number.isFinite(ms)) return;
-    deadline = setTimeout(() => (ms <= Date.now() ? expire() : arm(ms)), Math.min(Math.max(ms - Date.now(), 0), MAX_TIMER_MS));
+    deadline = setTimeout(() => (ms <= servingClock() ? expire() : arm(ms)), Math.min(Math.max(ms - servingClock(), 0), MAX_TIMER_MS));
     deadline.unref();
   }
 
