@@ -31,6 +31,11 @@ async function main(argv: string[]): Promise<void> {
       { name: "lease-duration", help: "how long a mount epoch's lease lasts (spec 000)", default: "90s" },
       { name: "lease-renew-interval", help: "how often the mount owner renews it (spec 000)", default: "20s" },
       { name: "kubeconfig", help: "an API server to watch (PersistentVolumes, claims, VolumeAttributesClasses) and post events to, as in a cluster; empty for none", default: "" },
+      {
+        name: "delete-fenced-pods",
+        help: "true: once a volume's mount epoch is lost, the git worker deletes each pod on that mount that a controller owns (with --kubeconfig)",
+        default: "false",
+      },
     ],
   );
   const logger = createLogger("git-csi");
@@ -44,6 +49,7 @@ async function main(argv: string[]): Promise<void> {
       leaseDuration: flags["lease-duration"]!,
       leaseRenewInterval: flags["lease-renew-interval"]!,
       kubeconfig: flags.kubeconfig!,
+      deleteFencedPods: flags["delete-fenced-pods"]!,
     },
     logger,
   );

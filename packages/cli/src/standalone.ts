@@ -18,6 +18,8 @@ export interface StandaloneOptions {
   leaseRenewInterval: string;
   /** A kubeconfig: the services then watch and report to that API server, as in a cluster; empty for none. */
   kubeconfig: string;
+  /** The git worker's --delete-fenced-pods, "true" or "false". */
+  deleteFencedPods: string;
 }
 
 interface Child {
@@ -80,6 +82,8 @@ export class Standalone {
           options.nodeId,
           "--kubeconfig",
           options.kubeconfig,
+          "--delete-fenced-pods",
+          options.deleteFencedPods,
         ],
       },
       {

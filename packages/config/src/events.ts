@@ -21,6 +21,8 @@ export const Reason = {
   NotServed: "GitVolumeNotServed",
   // Beyond spec 004's list: commits a lost mount epoch made wait on refs/git-csi/stranded/ for the volume's next stage.
   Stranded: "GitVolumeStranded",
+  // Beyond spec 004's list: the mount epoch lost the volume (superseded, or its lease ran out): the mount answers EIO until the pod is deleted.
+  EpochLost: "GitVolumeEpochLost",
 } as const;
 
 export type ReasonName = (typeof Reason)[keyof typeof Reason];

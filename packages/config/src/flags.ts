@@ -46,6 +46,13 @@ export function durationFlag(flags: Record<string, string>, name: string): numbe
   return ms;
 }
 
+/** A flag that is true or false; anything else is a usage error naming the flag. */
+export function booleanFlag(flags: Record<string, string>, name: string): boolean {
+  const value = flags[name];
+  if (value === "true" || value === "false") return value === "true";
+  throw new UsageError(`--${name} ${JSON.stringify(value)} must be true or false`);
+}
+
 /**
  * Runs an executable's main: a usage error prints its text and exits 2; any
  * other failure to start is one JSON log line and exit 1.

@@ -1,7 +1,7 @@
 #!/usr/bin/env node
 import type * as http from "node:http";
-import { durationFlag, KeyedSerial, parseFlags, runMain } from "@git-csi/config";
-import { EventRecorder, kubeConfigIfAny } from "@git-csi/k8s";
+import { booleanFlag, durationFlag, KeyedSerial, parseFlags, runMain } from "@git-csi/config";
+import { EventRecorder, FencedPodDeleter, kubeConfigIfAny } from "@git-csi/k8s";
 import { createLogger, type Logger, logLifecycle } from "@git-csi/logging";
 import { DriverMetrics, serveMetrics } from "@git-csi/metrics";
 import { call, dialUnix, gitWorker, mountOwner, serveUnix, stopServer } from "@git-csi/protos";
@@ -72,6 +72,11 @@ async function main(): Promise<void> {
       help: "kubeconfig of the API server that receives the volumes' events on their pods and claims; empty: the pod's service account in a cluster, none outside one",
       default: "",
     },
+    {
+      name: "delete-fenced-pods",
+      help: "true: once a volume's mount epoch is lost, delete each pod on that mount that a controller owns, so it starts again on a new stage (needs pods get and delete); false: only tell",
+      default: "false",
+    },
   ]);
   const logger = createLogger("git-worker");
   logGitTo(logger);
@@ -93,11 +98,12 @@ async function main(): Promise<void> {
   const perRepository = new KeyedSerial();
   const kubeConfig = await kubeConfigIfAny(flags.kubeconfig!);
   const events = kubeConfig ? new EventRecorder({ kubeConfig, nodeId: flags["node-id"]!, logger }) : undefined;
+  const pods = kubeConfig && booleanFlag(flags, "delete-fenced-pods") ? new FencedPodDeleter(kubeConfig) : undefined;
   const collect = serialCollector(store, logger, perRepository, { reach: reachThrough(syncs), ownerRefRetentionMs: durationFlag(flags, "owner-ref-retention") });
   const syncMount = mountSyncer(flags["mount-owner"] || `unix://${path.join(store.socketDir(), "mount-owner.sock")}`);
   const gcTimer = setInterval(() => void collect(), durationFlag(flags, "gc-interval"));
   const server = await serveUnix(flags.listen!, [
-    { definition: gitWorker.GitWorkerService, implementation: gitWorkerService({ store, syncs, broker, metrics, logger, perRepository, collect, events, syncMount }) },
+    { definition: gitWorker.GitWorkerService, implementation: gitWorkerService({ store, syncs, broker, metrics, logger, perRepository, collect, events, pods, syncMount }) },
   ]);
   let listener: http.Server | undefined;
   if (flags["metrics-address"]) {

@@ -10,6 +10,7 @@ import { claimMount, dropPrepared, type Prepared, prepareVolume } from "./trees/
 import { type RenewalMember, renewMounts } from "./lease/renewal";
 import type { Store } from "./trees/store";
 import type { VolumeSync } from "./sync/sync";
+import type { PodDeleter } from "./sync/recovery";
 import type { EventSink } from "./sync/volume";
 
 /** The volumes this worker watches, by volume id. */
@@ -29,6 +30,8 @@ export interface GitWorkerDeps {
   collect: () => Promise<void>;
   /** Kubernetes' event recorder in a cluster; none in standalone mode. */
   events?: EventSink;
+  /** Deletes a lost epoch's pods that a controller owns (--delete-fenced-pods); none when off or outside a cluster. */
+  pods?: PodDeleter;
   /** Asks the mount owner to send the kernel's pages of the volume's mount to its tree; false when it serves no mount of it. */
   syncMount(volumeId: string): Promise<boolean>;
 }

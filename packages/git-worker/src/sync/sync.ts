@@ -13,6 +13,7 @@ import { POD_STOPPED, type SyncOutcome } from "./push-decisions";
 import type { RenewalMember } from "../lease/renewal";
 import { VolumeReporter } from "../report";
 import { SyncScheduler, systemClock } from "./schedule";
+import { VolumeRecovery } from "./recovery";
 import { VolumeStranded } from "./stranded";
 import type { PreparedTree } from "../trees/stage";
 import { VolumeUpstream } from "./upstream";
@@ -34,6 +35,7 @@ export class VolumeSync {
   private readonly upstream: VolumeUpstream;
   private readonly pusher: VolumePush;
   private readonly stranded: VolumeStranded;
+  private readonly recovery: VolumeRecovery;
   private subscription?: watcher.AsyncSubscription;
   private readonly batches = new WatchBatches();
   private readonly credential: VolumeCredential;
@@ -50,6 +52,7 @@ export class VolumeSync {
     this.upstream = new VolumeUpstream(s, this.reporter, this.scheduler);
     this.committer = new VolumeCommitter(s, this.reporter, this.scheduler, () => this.upstream.refreshUnpushed());
     this.stranded = new VolumeStranded(s, this.reporter, this.upstream);
+    this.recovery = new VolumeRecovery(s, this.reporter);
     this.pusher = new VolumePush(s, this.reporter, this.scheduler, this.upstream, this.stranded);
     this.credential = new VolumeCredential(s, this.reporter, (trigger) => this.sync(trigger));
   }
@@ -95,11 +98,18 @@ export class VolumeSync {
     return { url: s.ctx.source.url, volumeId: s.volumeId, epoch: this.epoch, remote: s.waitingForCredential ? undefined : (operation) => s.remote(operation) };
   }
 
-  /** The abnormal gauge turns when the lease runs out or is lost, even if nothing else happens to the volume then. */
+  /**
+   * The abnormal gauge turns when the lease runs out or is lost, even if
+   * nothing else happens to the volume then; and a lost epoch starts its
+   * recovery. Every way to lose one comes through here: a renewal refused
+   * (renewed()), the serving time over (the timer), a push refused (sync()).
+   * A stopped volume's release is no loss.
+   */
   private watchLease(): void {
     this.cancelLeaseWatch?.();
     if (this.stopped) return;
     this.reporter.publishMetrics();
+    this.recovery.check();
     const lease = this.s.lease.state();
     if (lease.held) this.cancelLeaseWatch = systemClock.after(Math.max(0, Number(lease.serveUntilUnixMs) - systemClock.now()) + 1, () => this.watchLease());
   }
@@ -279,7 +289,8 @@ export class VolumeSync {
       await this.committer.refreshPending();
       if (!this.s.policy) return { pushed: this.s.unpushed === 0, message: "unarmed: nothing is committed or pushed" };
       const head = await this.committer.commitOrRetry(trigger);
-      return this.pusher.push(trigger, head);
+      // A push the owner ref refused (LeaseLost) lost the epoch.
+      return this.pusher.push(trigger, head).finally(() => this.watchLease());
     });
   }
 

@@ -9,6 +9,7 @@ import { authorEnv, type GitSetting } from "../remote/git";
 import type { MountLease } from "../lease/lease";
 import type { Fence, PushResult, RefChange } from "../remote/remote";
 import type { Store } from "../trees/store";
+import type { PodDeleter } from "./recovery";
 
 /** Where a volume's events go besides its report and the log: Kubernetes' recorder in a cluster. */
 export interface EventSink {
@@ -29,6 +30,8 @@ export interface SyncContext {
   lease: MountLease;
   /** Posts the volume's events on its claim and pods; none outside a cluster. */
   events?: EventSink;
+  /** Deletes the pods a controller owns once the epoch is lost (--delete-fenced-pods); none when off or outside a cluster. */
+  pods?: PodDeleter;
   /** The stage carried a Secret, though a restarted worker may not have it. */
   credentialExpected: boolean;
   /** The volume was published before the worker started: a rotation may come with any publish. */

@@ -121,6 +121,7 @@ async function watch(deps: GitWorkerDeps, ready: PreparedVolume, existing: Volum
     access,
     lease,
     events: deps.events,
+    pods: deps.pods,
     credentialExpected,
     published: request.published,
     stageFingerprint: fingerprint(request.credential?.data),
