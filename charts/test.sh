@@ -119,7 +119,7 @@ def pinned(image):
     tag = image.rsplit(":", 1)[1] if ":" in image.rsplit("/", 1)[-1] else ""
     return tag not in ("", "latest")
 
-def check_render(path, service_monitor, sidecars, prometheus_rule):
+def check_render(path, service_monitor, sidecars, prometheus_rule, delete_fenced_pods=True):
     docs = load(path)
     kinds = sorted(d["kind"] for d in docs)
     print(f"{len(docs)} manifests: {', '.join(kinds)}")
@@ -187,6 +187,8 @@ def check_render(path, service_monitor, sidecars, prometheus_rule):
             expect(arg(g, "--metrics-address") == f"0.0.0.0:{ports.get('metrics')}", "git-worker --metrics-address matches its metrics port")
             expect(any(host(v["name"]) == "/var/lib/git-csi" for v in g["volumeMounts"]), "git-worker has the state hostPath")
             expect(arg(g, "--owner-ref-retention") == "720h", "git-worker collects owner refs after node.ownerRefRetention, 720h by default")
+            want = "true" if delete_fenced_pods else "false"
+            expect(arg(g, "--delete-fenced-pods") == want, f"git-worker runs --delete-fenced-pods={want} as node.deleteFencedPods says (true by default)")
         if "node-driver-registrar" in c:
             expect(arg(c["node-driver-registrar"], "--kubelet-registration-path") == f"/var/lib/kubelet/plugins/{DRIVER}/csi.sock", "registrar registers the kubelet-side socket path")
         for name in ("csi-frontend", "mount-owner"):
@@ -220,7 +222,11 @@ def check_render(path, service_monitor, sidecars, prometheus_rule):
         for group, resource, verbs in [("", "persistentvolumes", ["get", "list", "watch"]), ("", "persistentvolumeclaims", ["get", "list", "watch"]),
                                        ("storage.k8s.io", "volumeattributesclasses", ["get", "list", "watch"]), ("", "events", ["create", "patch"])]:
             expect(allows(group, resource, verbs), f"node role allows {verbs} on {group or 'core'}/{resource}")
-        expect(not any(v in r["verbs"] for r in rules for v in ("*", "delete", "update") if r["resources"] != ["events"]), "node role writes nothing but events")
+        # Recovery (node.deleteFencedPods): get and delete pods, and only then.
+        expect(allows("", "pods", ["get", "delete"]) == delete_fenced_pods, f"node role allows get and delete on pods only with node.deleteFencedPods ({delete_fenced_pods})")
+        writes = [r for r in rules if r["resources"] not in (["events"], ["pods"])]
+        expect(not any(v in r["verbs"] for r in writes for v in ("*", "delete", "update")), "node role writes nothing but events, and deletes nothing but pods")
+        expect(all(set(r["verbs"]) == {"get", "delete"} for r in rules if r["resources"] == ["pods"]), "node role's pods rule is get and delete alone")
     for r in roles.values():
         expect(not any("*" in rule.get("verbs", []) or "*" in rule.get("resources", []) for rule in r["rules"]), f"{r['metadata']['name']} uses no wildcard")
 
@@ -389,7 +395,8 @@ def check_examples():
 
 what = sys.argv[1]
 if what == "render":
-    check_render(sys.argv[2], service_monitor=sys.argv[3] == "servicemonitor", sidecars=sys.argv[3] == "sidecars", prometheus_rule=sys.argv[3] == "prometheusrule")
+    check_render(sys.argv[2], service_monitor=sys.argv[3] == "servicemonitor", sidecars=sys.argv[3] == "sidecars", prometheus_rule=sys.argv[3] == "prometheusrule",
+                 delete_fenced_pods=sys.argv[3] != "nodelete")
 elif what == "rules":
     check_rules(sys.argv[2])
 elif what == "dashboard":
@@ -429,6 +436,8 @@ check "helm template (ServiceMonitor on) parses and has the ServiceMonitor" temp
   --set metrics.serviceMonitor.enabled=true --set-string metrics.serviceMonitor.labels.release=prometheus
 check "helm template (registrar and livenessprobe sidecars) parses and runs them" template_ok "$WORK/sidecars.yaml" sidecars \
   --set node.registration=node-driver-registrar --set node.health=livenessprobe
+check "helm template (node.deleteFencedPods=false) renders neither the flag's true nor the pods rule" template_ok "$WORK/nodelete.yaml" nodelete \
+  --set node.deleteFencedPods=false
 check "helm template (PrometheusRule on) parses and has the PrometheusRule" template_ok "$WORK/rules-on.yaml" prometheusrule \
   --set metrics.prometheusRule.enabled=true --set metrics.prometheusRule.namespace=monitoring --set-string metrics.prometheusRule.labels.release=prometheus
 
@@ -474,6 +483,7 @@ check "an upgrade of csi-frontend and git-worker leaves the mount-owner DaemonSe
 check "values.schema.json rejects a registration it does not know" rejects "node.registration=self" --set node.registration=self
 check "values.schema.json rejects node.metricsPort=notanumber" rejects "node.metricsPort=notanumber" --set node.metricsPort=notanumber
 check "values.schema.json rejects an owner ref retention that is no Go duration (30d)" rejects "node.ownerRefRetention=30d" --set node.ownerRefRetention=30d
+check "values.schema.json rejects a node.deleteFencedPods that is no boolean" rejects "node.deleteFencedPods=yes" --set-string node.deleteFencedPods=yes
 check "values.schema.json rejects an unknown value (node.metricPort)" rejects "node.metricPort=9000" --set node.metricPort=9000
 check "values.schema.json rejects a mount-owner update strategy it does not know" rejects "mountOwner.updateStrategy.type=Sometimes" --set mountOwner.updateStrategy.type=Sometimes
 # The driver's three images come from images.registry, the sidecars from their own.
