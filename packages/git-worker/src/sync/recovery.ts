@@ -36,7 +36,8 @@ export class VolumeRecovery {
 
   private async recover(why: string): Promise<void> {
     const deleter = this.s.ctx.pods;
-    const what = `the mount epoch ${this.s.lease.holder.epoch} lost the volume (${why}); the mount answers EIO until the pod is deleted, and commits it made wait on refs/git-csi/stranded/${this.s.volumeId}/ for the next stage`;
+    // Never the epoch itself: it is the .rwo-session's contents, which no log or event shows.
+    const what = `the mount epoch lost the volume (${why}); the mount answers EIO until the pod is deleted, and commits it made wait on refs/git-csi/stranded/${this.s.volumeId}/ for the next stage`;
     if (!deleter) {
       this.reporter.emit(Reason.EpochLost, "Warning", `${what}: delete the pod so it starts again on a new stage (the driver deletes none: --delete-fenced-pods is off)`);
       return;
@@ -48,7 +49,7 @@ export class VolumeRecovery {
       this.s.log(o.outcome === "failed" ? "error" : "info", describe(o), "recover", { claim: this.s.labels.claim, pod: `${o.pod.namespace}/${o.pod.name}`, outcome: o.outcome });
     if (outcomes.length === 0) return;
     const anyLeft = outcomes.some((o) => o.outcome === "uncontrolled" || o.outcome === "failed");
-    this.reporter.emit(Reason.EpochLost, anyLeft ? "Warning" : "Normal", `after the lost mount epoch ${this.s.lease.holder.epoch}: ${outcomes.map(describe).join("; ")}`);
+    this.reporter.emit(Reason.EpochLost, anyLeft ? "Warning" : "Normal", `after the lost mount epoch: ${outcomes.map(describe).join("; ")}`);
   }
 }
 
