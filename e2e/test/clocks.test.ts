@@ -117,7 +117,7 @@ describe("the lease trusts no node's wall clock", () => {
    * worker is paused. B takes the volume over; every write A acknowledged
    * came before B's claim, and some came after the pause.
    */
-  async function noWriteAfterTakeover(a: Driver, b: Driver, repo: string, volumeId: string, meanwhile: () => Promise<void>): Promise<void> {
+  async function noWriteAfterTakeover(a: Driver, b: Driver, taker: string, repo: string, volumeId: string, meanwhile: () => Promise<void>): Promise<void> {
     await server.createRepo(repo, { files: { "configuration.yaml": "a: 1\n" } });
     const volume = await createVolume(a, volumeId, server.url(repo), RWO);
     const onA = await stageAndPublish(a, volume, RWO, "app-a");
@@ -141,7 +141,7 @@ describe("the lease trusts no node's wall clock", () => {
       const frozenAt = Date.now();
       await meanwhile();
       const { published: onB } = await takeOver(b, volume, "app-b", 3 * LEASE_MS);
-      assert.equal(await ownerNode(repo, volumeId), "node-b");
+      assert.equal(await ownerNode(repo, volumeId), taker);
       // B's clock is true: its record's time is when it decided to claim.
       const claimedAt = Number(await ownerField(repo, volumeId, "time"));
       assert.ok(lastAck > frozenAt, "A's mount served on after its worker paused, until its serving time");
@@ -160,7 +160,7 @@ describe("the lease trusts no node's wall clock", () => {
   test("a holder whose clock is an hour behind, its worker alone paused: its mount refuses before the taker's claim, so no write is acknowledged on it after the takeover", async () => {
     const a = await node("node-a-behind", "-1h");
     const b = await node("node-b");
-    await noWriteAfterTakeover(a, b, "behind.git", "clock-behind", async () => undefined);
+    await noWriteAfterTakeover(a, b, "node-b", "behind.git", "clock-behind", async () => undefined);
   });
 
   test("a holder whose wall clock steps an hour back after its renewals stopped still stops serving on time: its fence reads no wall clock", async () => {
@@ -168,6 +168,6 @@ describe("the lease trusts no node's wall clock", () => {
     await fs.writeFile(clockFile, "+0\n");
     const a = await node("node-a-steps", undefined, clockFile);
     const b = await node("node-b-steady");
-    await noWriteAfterTakeover(a, b, "steps.git", "clock-steps", () => fs.writeFile(clockFile, "-1h\n"));
+    await noWriteAfterTakeover(a, b, "node-b-steady", "steps.git", "clock-steps", () => fs.writeFile(clockFile, "-1h\n"));
   });
 });
