@@ -124,7 +124,7 @@ else
         assert.deepEqual(wrong, [], `${sa}: ${wrong.join("; ")}`);
       }
 
-      test("the node ServiceAccount reads volumes, claims and classes, posts events, and nothing else", async () => {
+      test("the node ServiceAccount reads volumes, claims and classes, posts events, reads and deletes pods for the recovery, and nothing else", async () => {
         const read = ["get", "list", "watch"];
         await expectRules(
           nodeSA,
@@ -137,12 +137,16 @@ else
             ["create", "events", ["-n", "an-application"]],
             ["create", "events.events.k8s.io"],
             ["patch", "events.events.k8s.io"],
+            // node.deleteFencedPods, on by default: a lost epoch's pods are read for their controller and deleted.
+            ["get", "pods"],
+            ["delete", "pods"],
           ],
           [
             ["list", "secrets"],
             ["get", "secrets", ["-n", NAMESPACE]],
-            ["delete", "pods"],
+            ["list", "pods"],
             ["create", "pods"],
+            ["update", "pods"],
             ["update", "persistentvolumes"],
             ["patch", "persistentvolumes"],
             ["delete", "persistentvolumeclaims"],
