@@ -3,7 +3,7 @@ import { DRIVER_NAME, type EventType, type ReasonName } from "@git-csi/config";
 import type { Logger } from "@git-csi/logging";
 import type { CoreV1Api, KubeConfig } from "@kubernetes/client-node" with { "resolution-mode": "import" };
 import { clientNode } from "./client";
-import { describeError } from "./watched";
+import { describeError, httpStatus } from "./watched";
 
 /** The object an event is about. Without its uid, `kubectl describe` does not show the event. */
 export interface InvolvedObject {
@@ -201,12 +201,6 @@ function remember<V>(map: Map<string, V>, key: string, value: V): void {
   map.delete(key);
   map.set(key, value);
   if (map.size > REMEMBERED) map.delete(map.keys().next().value!);
-}
-
-/** The API server's HTTP status; undefined when it did not answer. */
-function httpStatus(err: unknown): number | undefined {
-  const code = typeof err === "object" && err !== null && "code" in err ? (err as { code: unknown }).code : undefined;
-  return typeof code === "number" ? code : undefined;
 }
 
 /** No answer, too many requests, or a server error: worth another try. A refusal (4xx) is final. */

@@ -1,6 +1,6 @@
 import type { CoreV1Api, KubeConfig } from "@kubernetes/client-node" with { "resolution-mode": "import" };
 import { clientNode } from "./client";
-import { describeError } from "./watched";
+import { describeError, httpStatus } from "./watched";
 
 /** A pod publishing a volume, as the kubelet's pod info names it. */
 export interface PodRef {
@@ -46,9 +46,4 @@ export class FencedPodDeleter {
       return { pod, outcome: "failed", error: describeError(err) };
     }
   }
-}
-
-function httpStatus(err: unknown): number | undefined {
-  const code = typeof err === "object" && err !== null && "code" in err ? (err as { code: unknown }).code : undefined;
-  return typeof code === "number" ? code : undefined;
 }

@@ -89,6 +89,12 @@ export class Watched<T extends KubernetesObject> {
   }
 }
 
+/** The API server's HTTP status; undefined when it did not answer. */
+export function httpStatus(err: unknown): number | undefined {
+  const code = typeof err === "object" && err !== null && "code" in err ? (err as { code: unknown }).code : undefined;
+  return typeof code === "number" ? code : undefined;
+}
+
 /** An API error as its status code and the server's message; client-node's own text also carries every response header. */
 export function describeError(err: unknown): string {
   if (typeof err === "object" && err !== null && "code" in err && "body" in err) {

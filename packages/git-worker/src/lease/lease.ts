@@ -221,7 +221,7 @@ export class MountLease {
     }
     // By this node's clock the mount stopped serving: the report and the abnormal gauge say so before any renewal does.
     if (!this.serving()) return { held: false, serveUntilUnixMs: 0, refusal: REFUSALS.expired, message: describeRefusal({ refuse: "expired", record: this.record }, this.holder) };
-    // The mount owner's fence reads the wall clock: the monotonic deadline as a wall time read now, on the same node.
+    // The proto carries a wall time: the monotonic deadline read as one now, on the same node; the mount owner turns it into CLOCK_BOOTTIME as it receives it.
     return { held: true, serveUntilUnixMs: Math.floor(Date.now() + this.servingUntil - monotonic()), refusal: gitWorker.LeaseRefusal.LEASE_REFUSAL_NONE, message: "" };
   }
 

@@ -24,10 +24,9 @@ export class VolumeRecovery {
     private readonly reporter: VolumeReporter,
   ) {}
 
-  /** Looks at the lease; acts the first time an epoch is seen lost. */
-  check(): void {
+  /** Looks at the lease's state; acts the first time an epoch is seen lost. */
+  check(state: gitWorker.MountLease): void {
     const lease = this.s.lease;
-    const state = lease.state();
     if (state.held || state.refusal === gitWorker.LeaseRefusal.LEASE_REFUSAL_NONE || state.refusal === gitWorker.LeaseRefusal.LEASE_REFUSAL_RELEASED) return;
     if (this.recovered === lease.holder.epoch) return;
     this.recovered = lease.holder.epoch;

@@ -109,8 +109,8 @@ export class VolumeSync {
     this.cancelLeaseWatch?.();
     if (this.stopped) return;
     this.reporter.publishMetrics();
-    this.recovery.check();
     const lease = this.s.lease.state();
+    this.recovery.check(lease);
     if (lease.held) this.cancelLeaseWatch = systemClock.after(Math.max(0, Number(lease.serveUntilUnixMs) - systemClock.now()) + 1, () => this.watchLease());
   }
 
