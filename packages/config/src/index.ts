@@ -8,3 +8,4 @@ export * from "./absent";
 export * from "./url";
 export * from "./credential";
 export * from "./driver";
+export * from "./provision";

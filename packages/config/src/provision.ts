@@ -1,0 +1,88 @@
+import { BRANCH_RULE, branchOf } from "./ref";
+
+/**
+ * What a StorageClass's `ref` may name, and the external-provisioner's
+ * parameter (`--extra-create-metadata`) each takes its value from: the
+ * variables csi-driver-nfs's `subDir` takes.
+ */
+export const REF_VARIABLES: Record<string, string> = {
+  "pvc.metadata.namespace": "csi.storage.k8s.io/pvc/namespace",
+  "pvc.metadata.name": "csi.storage.k8s.io/pvc/name",
+  "pv.metadata.name": "csi.storage.k8s.io/pv/name",
+};
+
+/** The variables that tell one claim from another: only a ref with one is a branch of its own. */
+const PER_CLAIM = ["${pvc.metadata.name}", "${pv.metadata.name}"];
+
+export type OnDelete = "keep" | "archive" | "delete";
+const ON_DELETE: OnDelete[] = ["keep", "archive", "delete"];
+
+/** What CreateVolume makes on the remote: the branch, where a new one starts, and what DeleteVolume does to it. */
+export interface BranchPlan {
+  /** The ref with its variables rendered. */
+  ref: string;
+  /** "" for the remote's default branch. */
+  baseRef: string;
+  onDelete: OnDelete;
+  /**
+   * CreateVolume makes the branch when absent: a ref with variables or a
+   * baseRef asks for it. A plain ref is the user's branch, as it always was,
+   * and CreateVolume does not reach the remote for it.
+   */
+  makesBranch: boolean;
+}
+
+/** gRPC's code for InvalidArgument; config depends on no transport. */
+const INVALID_ARGUMENT = 3;
+
+/** A StorageClass parameter that cannot be provisioned, named by its field. */
+export class ProvisionError extends Error {
+  readonly code = INVALID_ARGUMENT;
+
+  constructor(
+    readonly parameter: string,
+    rule: string,
+  ) {
+    super(`parameters.${parameter} ${rule}`);
+    this.name = "ProvisionError";
+  }
+}
+
+/**
+ * The branch a StorageClass's parameters ask for, its variables taken from
+ * the provisioner's: each name checked by git's rules before anything is
+ * made. `parameters` holds the user's and the provisioner's keys.
+ */
+export function branchPlanOf(parameters: Record<string, string>): BranchPlan {
+  const template = parameters.ref ?? "";
+  const ref = renderRef(template, parameters);
+  const baseRef = parameters.baseRef ?? "";
+  if (baseRef !== "" && branchOf(baseRef) === undefined) throw new ProvisionError("baseRef", `${JSON.stringify(baseRef)} ${BRANCH_RULE}`);
+  const onDelete = (parameters.onDelete ?? "keep") as OnDelete;
+  if (!ON_DELETE.includes(onDelete)) throw new ProvisionError("onDelete", `${JSON.stringify(parameters.onDelete)} must be one of ${ON_DELETE.join(", ")}`);
+  // A branch several claims share is no claim's to archive or delete.
+  if (onDelete !== "keep" && !PER_CLAIM.some((v) => template.includes(v))) {
+    throw new ProvisionError("onDelete", `${onDelete} applies only to a branch per claim: ref must hold ${PER_CLAIM.join(" or ")}`);
+  }
+  return { ref, baseRef, onDelete, makesBranch: template.includes("${") || baseRef !== "" };
+}
+
+function renderRef(template: string, parameters: Record<string, string>): string {
+  const unclosed = template.replace(/\$\{[^}]*\}/g, "").includes("${");
+  if (unclosed) throw new ProvisionError("ref", `${JSON.stringify(template)} opens a variable with \${ and never closes it`);
+  const ref = template.replace(/\$\{([^}]*)\}/g, (_, name: string) => {
+    const key = REF_VARIABLES[name];
+    if (key === undefined)
+      throw new ProvisionError(
+        "ref",
+        `${JSON.stringify(template)} names \${${name}}; a ref takes ${Object.keys(REF_VARIABLES)
+          .map((v) => `\${${v}}`)
+          .join(", ")}`,
+      );
+    const value = parameters[key];
+    if (!value) throw new ProvisionError("ref", `${JSON.stringify(template)} names \${${name}}, which the external-provisioner sends only with --extra-create-metadata (the chart sets it)`);
+    return value;
+  });
+  if (branchOf(ref) === undefined) throw new ProvisionError("ref", `${JSON.stringify(template)} renders ${JSON.stringify(ref)}, which ${BRANCH_RULE}`);
+  return ref;
+}
