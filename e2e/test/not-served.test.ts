@@ -86,7 +86,7 @@ describe("what the driver does not serve", () => {
     const deep = csi.CreateVolumeRequest.fromPartial({ name: "deep", volumeCapabilities: [mountCapability()], parameters: { url: server.url("history.git"), ref: "main", depth: "1" } });
     await assert.rejects(call(driver.controller.createVolume.bind(driver.controller), deep, 60_000), (err: unknown) => {
       assert.ok(err instanceof CsiError && err.code === status.INVALID_ARGUMENT, String(err));
-      assert.match(err.message, /parameters depth: a StorageClass takes only url and ref/);
+      assert.match(err.message, /parameters depth: a StorageClass takes only url, ref, baseRef, onDelete/);
       return true;
     });
 

@@ -284,7 +284,7 @@ describe("the spine: three services, the CSI surface, a real FUSE mount", () => 
         "create with an unknown parameter",
         () => create({ name: "bad", volumeCapabilities: [cap], parameters: { ...ctx, "push.quiesce": "5s" } }),
         status.INVALID_ARGUMENT,
-        "parameters push.quiesce: a StorageClass takes only url and ref",
+        "parameters push.quiesce: a StorageClass takes only url, ref, baseRef, onDelete",
       ],
       [
         "create with a bad class parameter",

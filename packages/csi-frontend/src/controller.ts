@@ -1,9 +1,10 @@
 import { findPersistentVolume, type KubeConfig } from "@git-csi/k8s";
 import type { Logger } from "@git-csi/logging";
 import { status } from "@grpc/grpc-js";
-import { call, CsiError, csi, describeAccessMode, type gitcsi, invalidArgument, type mountOwner, unary, unavailable } from "@git-csi/protos";
+import { type BranchPlan, branchPlanOf, ProvisionError } from "@git-csi/config";
+import { call, CsiError, csi, describeAccessMode, gitcsi, invalidArgument, type mountOwner, required, unary, unavailable } from "@git-csi/protos";
 import { ACCESS_MODE_KEY, accessModeOf, accessModeOfAll, accessModeOfPersistentVolume, capabilityOf } from "./capabilities";
-import { checkClassParameters, sourceOf, volumeIdOf } from "./validate";
+import { checkClassParameters, credentialFrom, sourceOf, volumeIdOf } from "./validate";
 
 const TIMEOUT_MS = 30_000;
 /** Parameters the external-provisioner adds on its own; they are not the user's to validate. */
@@ -58,11 +59,12 @@ export function controllerService(owner: mountOwner.MountOwnerClient, logger: Lo
       };
     }),
 
-    // The remote repository is never deleted: only the controller's record goes.
+    // The remote repository is never deleted: the controller's record goes, and the branch as the class's onDelete says.
     deleteVolume: unary("delete_volume", logger, async (request: csi.DeleteVolumeRequest) => {
       // The id names files under the node's state directory: "../x" would name another volume's.
       const volumeId = volumeIdOf(request.volumeId);
-      await call(owner.deleteVolume.bind(owner), { volumeId }, TIMEOUT_MS);
+      const credential = credentialFrom(request.secrets, "secrets");
+      await call(owner.deleteVolume.bind(owner), { volumeId, credential }, TIMEOUT_MS);
       return {};
     }),
 
@@ -95,16 +97,44 @@ function createRequestOf(request: csi.CreateVolumeRequest): mountOwner.CreateVol
   const accessMode = accessModeOfAll(request.volumeCapabilities, "volume_capabilities");
   if (request.volumeContentSource) throw invalidArgument("volume_content_source: a git volume is not made from a snapshot or a clone; name the repository in parameters.url");
   const userParameters = Object.fromEntries(Object.entries(request.parameters).filter(([k]) => !k.startsWith(PROVISIONER_PREFIX)));
-  const unknown = Object.keys(userParameters).filter((k) => k !== "url" && k !== "ref");
-  if (unknown.length > 0) throw invalidArgument(`parameters ${unknown.join(", ")}: a StorageClass takes only url and ref; commit and push policy belongs in a VolumeAttributesClass`);
-  const source = sourceOf(userParameters, "parameters");
+  const unknown = Object.keys(userParameters).filter((k) => !STORAGE_CLASS_PARAMETERS.includes(k));
+  if (unknown.length > 0) {
+    throw invalidArgument(`parameters ${unknown.join(", ")}: a StorageClass takes only ${STORAGE_CLASS_PARAMETERS.join(", ")}; commit and push policy belongs in a VolumeAttributesClass`);
+  }
+  const plan = planOf(request.parameters);
+  const source = sourceOf({ url: required(userParameters.url, "parameters.url"), ref: plan.ref }, "parameters");
+  const credential = credentialFrom(request.secrets, "secrets");
   checkClassParameters(request.mutableParameters, "mutable_parameters");
   const range = request.capacityRange;
   if (range && (range.requiredBytes < 0 || range.limitBytes < 0)) throw invalidArgument("capacity_range: required_bytes and limit_bytes must not be negative");
   if (range && range.limitBytes > 0 && range.requiredBytes > range.limitBytes) {
     throw invalidArgument(`capacity_range.required_bytes ${range.requiredBytes} exceeds limit_bytes ${range.limitBytes}`);
   }
-  return { name, capacityBytes: range?.requiredBytes || range?.limitBytes || 0, source, accessMode, classParameters: request.mutableParameters };
+  return {
+    name,
+    capacityBytes: range?.requiredBytes || range?.limitBytes || 0,
+    source,
+    accessMode,
+    classParameters: request.mutableParameters,
+    baseRef: plan.baseRef,
+    onDelete: ON_DELETE[plan.onDelete],
+    credential,
+    makeBranch: plan.makesBranch,
+  };
+}
+
+const STORAGE_CLASS_PARAMETERS = ["url", "ref", "baseRef", "onDelete"];
+const ON_DELETE = { keep: gitcsi.OnDelete.ON_DELETE_KEEP, archive: gitcsi.OnDelete.ON_DELETE_ARCHIVE, delete: gitcsi.OnDelete.ON_DELETE_DELETE };
+
+/** The branch the parameters ask for, its template rendered: a bad one is InvalidArgument naming the field. */
+function planOf(parameters: Record<string, string>): BranchPlan {
+  required(parameters.ref, "parameters.ref");
+  try {
+    return branchPlanOf(parameters);
+  } catch (err) {
+    if (err instanceof ProvisionError) throw invalidArgument(err.message);
+    throw err;
+  }
 }
 
 /** Why each capability the volume cannot serve is refused; none when it serves them all. */

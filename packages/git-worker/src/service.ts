@@ -5,6 +5,7 @@ import type { Logger } from "@git-csi/logging";
 import type { DriverMetrics } from "@git-csi/metrics";
 import { failedPrecondition, gitWorker, notFound, required, unary } from "@git-csi/protos";
 import type { CredentialBroker } from "./remote/broker";
+import { provisionBranch, retireBranch } from "./trees/branches";
 import { removeTree } from "./trees/gc";
 import { claimMount, dropPrepared, type Prepared, prepareVolume } from "./trees/prepare";
 import { type RenewalMember, renewMounts } from "./lease/renewal";
@@ -99,6 +100,10 @@ export function gitWorkerService(deps: GitWorkerDeps): gitWorker.GitWorkerServer
       if (removed.removed) await collect();
       return removed;
     }),
+
+    provisionBranch: unary("provision_branch", logger, (request: gitWorker.ProvisionBranchRequest) => provisionBranch(deps, request)),
+
+    retireBranch: unary("retire_branch", logger, (request: gitWorker.RetireBranchRequest) => retireBranch(deps, request)),
 
     getReport: unary("report", logger, async (request: gitWorker.GetReportRequest) => syncOf(required(request.volumeId, "volume_id")).report()),
   };

@@ -1,7 +1,11 @@
-import { type gitcsi, type mountOwner, required } from "@git-csi/protos";
+import { gitcsi, type mountOwner, required } from "@git-csi/protos";
 import type { Owner } from "./context";
 
-/** CreateVolume: the controller's record of the volume; the same request again answers the same volume. */
+/**
+ * CreateVolume: the volume's branch on the remote, then the controller's
+ * record. The same request again answers the same volume; another one under
+ * the name is refused before the remote is touched.
+ */
 export async function createVolume(owner: Owner, request: mountOwner.CreateVolumeRequest): Promise<mountOwner.CreateVolumeResponse> {
   const name = required(request.name, "name");
   const wanted: mountOwner.Volume = {
@@ -11,16 +15,27 @@ export async function createVolume(owner: Owner, request: mountOwner.CreateVolum
     source: required(request.source, "parameters"),
     accessMode: request.accessMode,
     classParameters: request.classParameters,
+    baseRef: request.baseRef,
+    onDelete: request.onDelete,
   };
   return owner.perVolume.run(name, async () => {
+    await owner.state.checkCreatable(wanted);
+    const branch = request.makeBranch ? await owner.link.provisionBranch(wanted, request.credential) : undefined;
     const { volume, created } = await owner.state.createVolume(wanted);
-    if (created) owner.logger.info("volume created", { volume: name, operation: "create_volume" });
+    if (created) owner.logger.info(`volume created on ${branch?.created ? "a new" : "the"} branch ${wanted.source!.ref}`, { volume: name, operation: "create_volume" });
     return { volume };
   });
 }
 
-/** A provisioned volume deleted with reclaim policy Delete: this node's tree goes too. The remote never does. */
-export async function deleteVolume(owner: Owner, volumeId: string): Promise<void> {
+/**
+ * A provisioned volume deleted with reclaim policy Delete: its branch goes as
+ * the class's onDelete says, then the record, then this node's tree. The
+ * remote repository never goes. A branch that could not be retired keeps the
+ * record, so the provisioner's retry does it again.
+ */
+export async function deleteVolume(owner: Owner, volumeId: string, credential?: gitcsi.Credential): Promise<void> {
+  const provisioned = await owner.state.provisionedVolume(volumeId);
+  if (provisioned && provisioned.onDelete !== gitcsi.OnDelete.ON_DELETE_KEEP) await owner.link.retireBranch(provisioned, credential);
   // The deletion is durable first: a git worker that does not answer now removes the tree when it does.
   if (await owner.state.recordDeleted(volumeId)) await owner.link.removeDeletedTree(volumeId);
 }

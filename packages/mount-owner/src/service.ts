@@ -84,8 +84,8 @@ function mountOwnerService(owner: Owner): mountOwner.MountOwnerServer {
       return { ready: answer.ready, message: answer.message, instance };
     }),
     createVolume: unary("create_volume", logger, (request: mountOwner.CreateVolumeRequest) => createVolume(owner, request)),
-    deleteVolume: serialized("delete_volume", async (_request: mountOwner.DeleteVolumeRequest, volumeId) => {
-      await deleteVolume(owner, volumeId);
+    deleteVolume: serialized("delete_volume", async (request: mountOwner.DeleteVolumeRequest, volumeId) => {
+      await deleteVolume(owner, volumeId, request.credential);
       return {};
     }),
     getVolume: serialized("get_volume", async (_request: mountOwner.GetVolumeRequest, volumeId) => ({ volume: await state.knownVolume(volumeId) })),

@@ -1,7 +1,7 @@
 import * as fs from "node:fs/promises";
 import * as path from "node:path";
 import { orAbsent } from "@git-csi/config";
-import { alreadyExists, describeAccessMode, failedPrecondition, type gitcsi, internal, type mountOwner, notFound } from "@git-csi/protos";
+import { alreadyExists, describeAccessMode, failedPrecondition, gitcsi, internal, mountOwner, notFound } from "@git-csi/protos";
 
 /**
  * What the node knows of one volume, kept under the state dir so that a
@@ -197,13 +197,21 @@ export class State {
 
   /** CreateVolume's record: the same request again answers the same volume; another one under the name is AlreadyExists. */
   async createVolume(wanted: mountOwner.Volume): Promise<{ volume: mountOwner.Volume; created: boolean }> {
-    const existing = await this.provisioned.get(wanted.volumeId);
-    if (!existing) {
-      await this.provisioned.put(wanted.volumeId, wanted);
-      return { volume: wanted, created: true };
+    const existing = await this.checkCreatable(wanted);
+    if (existing) return { volume: existing, created: false };
+    await this.provisioned.put(wanted.volumeId, wanted);
+    return { volume: wanted, created: true };
+  }
+
+  /** The record a CreateVolume repeats, none for a new one; AlreadyExists when the name holds another volume. */
+  async checkCreatable(wanted: mountOwner.Volume): Promise<mountOwner.Volume | undefined> {
+    const stored = await this.provisioned.get(wanted.volumeId);
+    // A record written before a field existed reads as that field's default.
+    const existing = stored && mountOwner.Volume.fromPartial(stored);
+    if (existing && JSON.stringify(mountOwner.Volume.toJSON(existing)) !== JSON.stringify(mountOwner.Volume.toJSON(mountOwner.Volume.fromPartial(wanted)))) {
+      throw alreadyExists(`volume ${wanted.volumeId} exists with other capacity, parameters or access mode`);
     }
-    if (JSON.stringify(existing) !== JSON.stringify(wanted)) throw alreadyExists(`volume ${wanted.volumeId} exists with other capacity, parameters or access mode`);
-    return { volume: existing, created: false };
+    return existing;
   }
 
   provisionedVolume(volumeId: string): Promise<mountOwner.Volume | undefined> {
@@ -220,7 +228,16 @@ export class State {
     if (provisioned) return provisioned;
     const record = await this.volumes.get(volumeId);
     if (!record) throw notFound(`volume ${volumeId} does not exist: it was neither created nor staged here`);
-    return { volumeId, name: volumeId, capacityBytes: 0, source: record.source, accessMode: record.accessMode, classParameters: record.volumeClass?.parameters ?? {} };
+    return {
+      volumeId,
+      name: volumeId,
+      capacityBytes: 0,
+      source: record.source,
+      accessMode: record.accessMode,
+      classParameters: record.volumeClass?.parameters ?? {},
+      baseRef: "",
+      onDelete: gitcsi.OnDelete.ON_DELETE_KEEP,
+    };
   }
 
   async recordProvisionedClass(volumeId: string, classParameters: Record<string, string>): Promise<void> {

@@ -1,6 +1,6 @@
 import type { KeyedSerial } from "@git-csi/config";
 import { connectivityState, status } from "@grpc/grpc-js";
-import { call, CsiError, type gitcsi, gitWorker, unavailable } from "@git-csi/protos";
+import { call, CsiError, type gitcsi, gitWorker, type mountOwner, unavailable } from "@git-csi/protos";
 import type { MountOwnerDeps } from "./context";
 import { renewEvery } from "./renewals";
 import { epochLost, type LiveSession, type MountSessions, withMaterial } from "./sessions";
@@ -158,6 +158,19 @@ export class WorkerLink {
     await call(this.worker.setPods.bind(this.worker), { volumeId, pods: Object.values(pods) }, WORKER_TIMEOUT_MS).catch((err: Error) =>
       this.deps.logger.warn(`the git worker does not know the volume's pods; their events wait for the next publish: ${err.message}`, { volume: volumeId, operation: "set_pods" }),
     );
+  }
+
+  /** CreateVolume's branch on the remote; the worker refuses a baseRef the remote lacks. */
+  provisionBranch(volume: mountOwner.Volume, credential: gitcsi.Credential | undefined): Promise<gitWorker.ProvisionBranchResponse> {
+    const request = { volumeId: volume.volumeId, source: volume.source, baseRef: volume.baseRef, credential };
+    return call(this.worker.provisionBranch.bind(this.worker), request, WORKER_TIMEOUT_MS);
+  }
+
+  /** DeleteVolume's branch, as the volume's onDelete says. */
+  async retireBranch(volume: mountOwner.Volume, credential: gitcsi.Credential | undefined): Promise<void> {
+    const request = { volumeId: volume.volumeId, source: volume.source, onDelete: volume.onDelete, credential };
+    const { outcome } = await call(this.worker.retireBranch.bind(this.worker), request, WORKER_TIMEOUT_MS);
+    this.deps.logger.info(`the branch ${volume.source!.ref} of the deleted volume: ${outcome}`, { volume: volume.volumeId, operation: "delete_volume" });
   }
 
   /** The tree of a volume deleted with reclaim policy Delete; it stays, recorded, until the worker answers. */

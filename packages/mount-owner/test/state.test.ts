@@ -25,7 +25,16 @@ async function snapshot(dir: string): Promise<Record<string, string>> {
 const code = (expected: status, fragment: string) => (err: unknown) => err instanceof CsiError && err.code === expected && err.message.includes(fragment);
 
 const record: VolumeRecord = { volumeId: "vol", source: { url: "https://git.example/r.git", ref: "main" }, accessMode: gitcsi.AccessMode.READ_WRITE_ONCE, targets: [] };
-const volume: mountOwner.Volume = { volumeId: "vol", name: "vol", capacityBytes: 0, source: record.source, accessMode: record.accessMode, classParameters: {} };
+const volume: mountOwner.Volume = {
+  volumeId: "vol",
+  name: "vol",
+  capacityBytes: 0,
+  source: record.source,
+  accessMode: record.accessMode,
+  classParameters: {},
+  baseRef: "",
+  onDelete: gitcsi.OnDelete.ON_DELETE_KEEP,
+};
 
 test("CreateVolume's record: the same request again answers the same volume, another one is AlreadyExists and changes nothing", async (t) => {
   const s = await state(t);

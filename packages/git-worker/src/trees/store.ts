@@ -135,6 +135,11 @@ export function strandedRef(volumeId: string, commit = ""): string {
   return `refs/git-csi/stranded/${volumeId}/${commit}`;
 }
 
+/** Where DeleteVolume moves a deleted volume's branch when its class's onDelete is archive: no branch, but kept. */
+export function archiveRef(volumeId: string, branch: string): string {
+  return `refs/git-csi/archive/${volumeId}/${branch}`;
+}
+
 /** The node's view of the volume's stranded refs, fetched at stage. */
 export function upstreamStrandedRef(volumeId: string): string {
   return `${UPSTREAM_PREFIX}stranded/${volumeId}/`;
