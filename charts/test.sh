@@ -119,7 +119,7 @@ def pinned(image):
     tag = image.rsplit(":", 1)[1] if ":" in image.rsplit("/", 1)[-1] else ""
     return tag not in ("", "latest")
 
-def check_render(path, service_monitor, sidecars, prometheus_rule, delete_fenced_pods=True):
+def check_render(path, service_monitor, sidecars, prometheus_rule, delete_fenced_pods=True, provisioner_secrets=False):
     docs = load(path)
     kinds = sorted(d["kind"] for d in docs)
     print(f"{len(docs)} manifests: {', '.join(kinds)}")
@@ -210,6 +210,8 @@ def check_render(path, service_monitor, sidecars, prometheus_rule, delete_fenced
             if name in c:
                 expect(arg(c[name], "--feature-gates") == "VolumeAttributesClass=true", f"{name} has --feature-gates=VolumeAttributesClass=true")
                 expect(c[name]["image"].startswith("registry.k8s.io/sig-storage/") and pinned(c[name]["image"]), f"{name} image is a pinned sig-storage image: {c[name]['image']}")
+        if "csi-provisioner" in c:
+            expect("--extra-create-metadata" in c["csi-provisioner"]["args"], "csi-provisioner sends the claim's metadata a ref template names (--extra-create-metadata)")
         sec = dep["spec"]["template"]["spec"].get("securityContext", {})
         expect(sec.get("runAsNonRoot") is True, "controller pod runs as non-root")
 
@@ -227,6 +229,11 @@ def check_render(path, service_monitor, sidecars, prometheus_rule, delete_fenced
         writes = [r for r in rules if r["resources"] not in (["events"], ["pods"])]
         expect(not any(v in r["verbs"] for r in writes for v in ("*", "delete", "update")), "node role writes nothing but events, and deletes nothing but pods")
         expect(all(set(r["verbs"]) == {"get", "delete"} for r in rules if r["resources"] == ["pods"]), "node role's pods rule is get and delete alone")
+    controller_role = [r for n, r in roles.items() if n.endswith("-controller")]
+    if expect(len(controller_role) == 1, "one controller ClusterRole"):
+        secrets = [r for r in controller_role[0]["rules"] if "secrets" in r["resources"]]
+        want = [{"apiGroups": [""], "resources": ["secrets"], "verbs": ["get"]}] if provisioner_secrets else []
+        expect(secrets == want, f"controller role reads secrets (get alone) only with controller.provisionerSecrets ({provisioner_secrets})")
     for r in roles.values():
         expect(not any("*" in rule.get("verbs", []) or "*" in rule.get("resources", []) for rule in r["rules"]), f"{r['metadata']['name']} uses no wildcard")
 
@@ -396,7 +403,7 @@ def check_examples():
 what = sys.argv[1]
 if what == "render":
     check_render(sys.argv[2], service_monitor=sys.argv[3] == "servicemonitor", sidecars=sys.argv[3] == "sidecars", prometheus_rule=sys.argv[3] == "prometheusrule",
-                 delete_fenced_pods=sys.argv[3] != "nodelete")
+                 delete_fenced_pods=sys.argv[3] != "nodelete", provisioner_secrets=sys.argv[3] == "provisionersecrets")
 elif what == "rules":
     check_rules(sys.argv[2])
 elif what == "dashboard":
@@ -438,6 +445,8 @@ check "helm template (registrar and livenessprobe sidecars) parses and runs them
   --set node.registration=node-driver-registrar --set node.health=livenessprobe
 check "helm template (node.deleteFencedPods=false) renders neither the flag's true nor the pods rule" template_ok "$WORK/nodelete.yaml" nodelete \
   --set node.deleteFencedPods=false
+check "helm template (controller.provisionerSecrets=true) grants the provisioner get on secrets and nothing more" template_ok "$WORK/provisionersecrets.yaml" provisionersecrets \
+  --set controller.provisionerSecrets=true
 check "helm template (PrometheusRule on) parses and has the PrometheusRule" template_ok "$WORK/rules-on.yaml" prometheusrule \
   --set metrics.prometheusRule.enabled=true --set metrics.prometheusRule.namespace=monitoring --set-string metrics.prometheusRule.labels.release=prometheus
 
