@@ -516,3 +516,62 @@ test("many writers on one repository: two claims, each pod writing its own direc
   assert.deepEqual((await git.git("subpath.git", "for-each-ref", "--format=%(refname)", "refs/heads")).trim().split("\n"), ["refs/heads/main"], "no side branch");
   for (const app of Object.keys(apps)) await kubectl("delete", "pod", app, "-n", "subpath", "--wait=true", "--timeout=120s");
 });
+
+test("a branch per claim: two claims of one StorageClass get two branches, each pod's writes land on its own, and deleting the claims archives both", async () => {
+  const secretRef = await repositoryWithKey("perclaim");
+  // The class names the deploy key for CreateVolume too: the provisioner may read it only with controller.provisionerSecrets.
+  const installed = JSON.parse(await cluster!.helm(["get", "metadata", "git-csi", "-n", "git-csi", "-o", "json"])) as { version: string };
+  await cluster!.helm(["upgrade", "git-csi", CHART(), "--version", installed.version, "-n", "git-csi", "--reuse-values", "--set", "controller.provisionerSecrets=true", "--wait", "--timeout=5m"]);
+  const secret = (kind: string) => ({ [`csi.storage.k8s.io/${kind}-secret-name`]: secretRef.name, [`csi.storage.k8s.io/${kind}-secret-namespace`]: secretRef.namespace });
+  const storageClass = {
+    apiVersion: "storage.k8s.io/v1",
+    kind: "StorageClass",
+    metadata: { name: "perclaim" },
+    provisioner: "git.liken.sh",
+    reclaimPolicy: "Delete",
+    parameters: {
+      url: git.url("perclaim.git"),
+      ref: "claims/${pvc.metadata.namespace}/${pvc.metadata.name}",
+      onDelete: "archive",
+      ...secret("provisioner"),
+      ...secret("node-stage"),
+      ...secret("node-publish"),
+    },
+  };
+  const klass = { apiVersion: "storage.k8s.io/v1", kind: "VolumeAttributesClass", metadata: { name: "perclaim-eager" }, driverName: "git.liken.sh", parameters: { "push.quiesce": "1s" } };
+  const apps = { homeassistant: "configuration.yaml", nodered: "flows.json" };
+  const claim = (app: string) => ({
+    apiVersion: "v1",
+    kind: "PersistentVolumeClaim",
+    metadata: { name: app, namespace: "perclaim" },
+    spec: { storageClassName: "perclaim", volumeAttributesClassName: "perclaim-eager", accessModes: ["ReadWriteOncePod"], resources: { requests: { storage: "1Gi" } } },
+  });
+  const pod = (app: string, file: string) => ({
+    apiVersion: "v1",
+    kind: "Pod",
+    metadata: { name: app, namespace: "perclaim" },
+    spec: {
+      terminationGracePeriodSeconds: 5,
+      containers: [{ name: app, image: BUSYBOX_IMAGE, command: ["sh", "-c", `echo '${app}' > /config/${file} && sleep 3600`], volumeMounts: [{ name: "config", mountPath: "/config" }] }],
+      volumes: [{ name: "config", persistentVolumeClaim: { claimName: app } }],
+    },
+  });
+  const entries = Object.entries(apps);
+  await apply(JSON.stringify({ apiVersion: "v1", kind: "List", items: [storageClass, klass, ...entries.flatMap(([app, file]) => [claim(app), pod(app, file)])] }));
+  const onBranch = (app: string, file: string) => git.git("perclaim.git", "show", `claims/perclaim/${app}:${file}`).catch(() => undefined);
+  for (const [app, file] of entries) assert.equal(await waitFor(`${app}/${file} pushed to its branch`, () => onBranch(app, file), 180_000), app);
+  for (const [app, file] of entries) assert.equal(await remoteFile("perclaim.git", file), undefined, `${file} is on ${app}'s branch alone`);
+  const volumeOf = async (app: string) => (await kubectl("get", "pvc", app, "-n", "perclaim", "-o", "jsonpath={.spec.volumeName}")).trim();
+  const volumes = Object.fromEntries(await Promise.all(Object.keys(apps).map(async (app) => [app, await volumeOf(app)] as const)));
+  for (const app of Object.keys(apps)) {
+    assert.equal(await kubectl("get", "pv", volumes[app]!, "-o", "jsonpath={.spec.csi.volumeAttributes.ref}"), `claims/perclaim/${app}`, "the PersistentVolume names the claim's branch");
+  }
+
+  for (const app of Object.keys(apps)) await kubectl("delete", "pod", app, "-n", "perclaim", "--wait=true", "--timeout=120s");
+  await kubectl("delete", "pvc", ...Object.keys(apps), "-n", "perclaim", "--wait=true", "--timeout=120s");
+  for (const volume of Object.values(volumes)) await kubectl("wait", "--for=delete", `pv/${volume}`, "--timeout=120s");
+  const refs = (await git.git("perclaim.git", "for-each-ref", "--format=%(refname)", "refs/heads", "refs/git-csi/archive")).trim().split("\n");
+  assert.deepEqual(refs.sort(), ["refs/heads/main", ...entries.map(([app]) => `refs/git-csi/archive/${volumes[app]}/claims/perclaim/${app}`)].sort());
+  for (const [app, file] of entries)
+    assert.equal(await git.git("perclaim.git", "show", `refs/git-csi/archive/${volumes[app]}/claims/perclaim/${app}:${file}`), app, "the archive holds the claim's writes");
+});
