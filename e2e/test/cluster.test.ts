@@ -5,7 +5,6 @@ import * as os from "node:os";
 import * as path from "node:path";
 import { after, before, test } from "node:test";
 import { promisify } from "node:util";
-import { setTimeout as sleep } from "node:timers/promises";
 import { waitFor } from "../src/driver";
 import { type Cluster, clusterMissing, GIT_ADDRESS, startCluster } from "../src/cluster";
 import { quickStartScript } from "../src/quickstart";
@@ -346,6 +345,12 @@ async function bindAndArm(namespace: string): Promise<void> {
   await kubectl("patch", "pvc", "data", "-n", namespace, "-p", JSON.stringify({ spec: { volumeAttributesClassName: `${namespace}-eager` } }));
 }
 
+/** The .rwo-session records beside a node's staging directories: one per staged RWO volume, removed at unstage. */
+async function rwoSessions(nodeDir: string): Promise<string[]> {
+  const entries = await fs.readdir(path.join(nodeDir, "kubelet", "plugins"), { recursive: true });
+  return entries.filter((e) => e.endsWith(".rwo-session"));
+}
+
 const nodeLines = (text: string | undefined, node: string) => (text ?? "").split("\n").filter((l) => l.startsWith(`${node} `));
 
 test("ReadWriteOnce across two nodes: node 1 is lost, node 2 takes the volume after the lease, node 1 back lands nothing", async () => {
@@ -374,6 +379,7 @@ test("ReadWriteOnce across two nodes: node 1 is lost, node 2 takes the volume af
   await bindAndArm("rwo");
   await apply(rwoPod("writer-1", "node1"));
   await kubectl("wait", "--for=condition=Ready", "pod/writer-1", "-n", "rwo", "--timeout=180s");
+  assert.equal((await rwoSessions(cluster!.nodes.find((n) => n.name === "node1")!.dir)).length, 1, "node 1's stage wrote its .rwo-session");
   await waitFor("node 1's writes pushed", async () => nodeLines(await remoteFile("rwo.git", "writes.txt"), "node1").length >= 2, 60_000);
 
   // Node 1 is lost: its kubelet, containerd and pods stop where they are.
@@ -383,6 +389,13 @@ test("ReadWriteOnce across two nodes: node 1 is lost, node 2 takes the volume af
   // The operator gives up on the pod, as on a dead machine, and starts the application on node 2.
   await kubectl("delete", "pod", "writer-1", "-n", "rwo", "--force", "--grace-period=0");
   await apply(rwoPod("writer-2", "node2"));
+  // While node 1's record is being watched, node 2's stage is refused and the pod is told who holds the volume.
+  const refusedStage = await waitFor(
+    "a FailedMount naming node 1",
+    async () => (await events("rwo")).find((e) => e.reason === "FailedMount" && e.involvedObject.name === "writer-2" && /is held by node node1/.test(e.message)),
+    120_000,
+  );
+  assert.match(refusedStage.message, /takes it over only once it has seen the owner record unchanged for a whole lease/);
   // The kubelet retries the refused stage with its backoff until node 1's 90 s lease has run out.
   await kubectl("wait", "--for=condition=Ready", "pod/writer-2", "-n", "rwo", "--timeout=300s");
   const taken = await waitFor(
@@ -400,7 +413,14 @@ test("ReadWriteOnce across two nodes: node 1 is lost, node 2 takes the volume af
   await node1.thaw();
   await waitFor("node 1 Ready again", async () => (await kubectl("get", "node", "node1", "-o", 'jsonpath={.status.conditions[?(@.type=="Ready")].status}')) === "True", 120_000);
   const owner = await git.git("rwo.git", "log", "-1", "--format=%H", "refs/git-csi/owner/rwo-data");
-  await sleep(20_000);
+  // Node 1's driver finds its epoch taken over (or run out) and says so on the claim, instead of pushing.
+  const lost = await waitFor("node 1's GitVolumeEpochLost on the claim", async () => (await events("rwo")).find((e) => e.reason === "GitVolumeEpochLost" && e.involvedObject.name === "data"), 120_000);
+  assert.match(
+    lost.message,
+    /the mount epoch lost the volume \((the mount epoch of volume rwo-data on node node1 was taken over by node node2|the lease of the mount epoch of volume rwo-data on node node1 ran out unrenewed)/,
+  );
+  // And unstages the volume the kubelet no longer has a pod for (its .rwo-session goes last): what it committed goes to a stranded ref, never to main.
+  await waitFor("node 1's unstage", async () => (await rwoSessions(node1.dir)).length === 0, 120_000);
   const final = await remoteFile("rwo.git", "writes.txt");
   assert.deepEqual(nodeLines(final, "node1"), atLoss, "no write of node 1 after its loss reached the remote");
   assert.ok(nodeLines(final, "node2").length > nodeLines(taken, "node2").length, "node 2 still writes");
