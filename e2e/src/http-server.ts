@@ -12,7 +12,8 @@
 //
 // lighttpd runs in the foreground (-D) as a child of the test process with its
 // own minimal config (no /etc/lighttpd, no :80, error log / pid file / upload
-// dir in the temp dir); no system service is involved. Linux only.
+// dir in the temp dir); no system service is involved. Linux only. It buffers
+// request bodies, so a chunked push (a pack over git's http.postBuffer) works.
 
 import { spawn } from "node:child_process";
 import { randomBytes } from "node:crypto";
@@ -157,7 +158,9 @@ function lighttpdConfig(at: { port: number; docRoot: string; errorLog: string; p
     `server.errorlog = ${q(at.errorLog)}`,
     `server.pid-file = ${q(at.pidFile)}`,
     `server.upload-dirs = ( ${q(at.uploadDir)} )`,
-    `server.stream-request-body = 2`,
+    // A CGI needs CONTENT_LENGTH, and git sends a push pack over http.postBuffer (1 MiB) chunked: streamed (1 or 2), lighttpd answers
+    // such a body 411 Length Required; buffered (0), it takes the whole body into upload-dirs first and gives git-http-backend its length.
+    `server.stream-request-body = 0`,
     `server.stream-response-body = 2`,
     `auth.backend = "plain"`,
     `auth.backend.plain.userfile = ${q(at.userFile)}`,
