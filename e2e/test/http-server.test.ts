@@ -1,5 +1,6 @@
 import { after, before, test } from "node:test";
 import * as assert from "node:assert/strict";
+import { randomBytes } from "node:crypto";
 import { existsSync, readdirSync, readlinkSync } from "node:fs";
 import { mkdtemp, readFile, rm, writeFile } from "node:fs/promises";
 import * as http from "node:http";
@@ -7,7 +8,7 @@ import * as net from "node:net";
 import * as os from "node:os";
 import * as path from "node:path";
 
-import { runGit, runGitRaw } from "../src/git-server";
+import { gitEnv, runGit, runGitRaw } from "../src/git-server";
 import { startHttpGitServer, type HttpGitServer } from "../src/http-server";
 import { listeningAddrs } from "../src/proc";
 
@@ -88,6 +89,30 @@ test("clone and push over smart HTTP with the token", async () => {
   const upstream = await srv.commitFiles("demo.git", { "up.txt": "up\n" });
   await runGit(withAuth(auth, "pull", "--quiet", "--ff-only", "origin", "main"), { cwd: clone });
   assert.equal(await runGit(["rev-parse", "HEAD"], { cwd: clone }), upstream);
+});
+
+test("a push over http.postBuffer (1 MiB), which git sends chunked, is taken", async () => {
+  await srv.createRepo("large.git");
+  const clone = path.join(work, "large");
+  await runGit(withAuth(srv.authHeader(), "clone", "--quiet", srv.url("large.git"), clone));
+  await writeFile(path.join(clone, "large.bin"), randomBytes(2 * 1024 * 1024));
+  await runGit(["add", "large.bin"], { cwd: clone });
+  await runGit(["commit", "--quiet", "-m", "large"], { cwd: clone });
+  const local = await runGit(["rev-parse", "HEAD"], { cwd: clone });
+  const push = await runGitRaw(withAuth(srv.authHeader(), "push", "origin", "HEAD:refs/heads/main"), {
+    cwd: clone,
+    env: gitEnv({ GIT_TRACE_CURL: "1", GIT_TRACE_CURL_NO_DATA: "1" }),
+  });
+  assert.match(push.stderr, /=> Send header: Transfer-Encoding: chunked/, "git sent the pack chunked");
+  assert.equal(
+    push.code,
+    0,
+    push.stderr
+      .split("\n")
+      .filter((l) => /HTTP\/1\.1 \d|error|fatal/.test(l))
+      .join("\n"),
+  );
+  assert.equal(await srv.git("large.git", "rev-parse", "refs/heads/main"), local);
 });
 
 test("fetch and push need the token: missing or wrong credentials get 401", async () => {
