@@ -83,6 +83,9 @@ function renderRef(template: string, parameters: Record<string, string>): string
     if (!value) throw new ProvisionError("ref", `${JSON.stringify(template)} names \${${name}}, which the external-provisioner sends only with --extra-create-metadata (the chart sets it)`);
     return value;
   });
-  if (branchOf(ref) === undefined) throw new ProvisionError("ref", `${JSON.stringify(template)} renders ${JSON.stringify(ref)}, which ${BRANCH_RULE}`);
+  if (branchOf(ref) === undefined) {
+    const renders = ref === template ? "" : ` renders ${JSON.stringify(ref)}, which`;
+    throw new ProvisionError("ref", `${JSON.stringify(template)}${renders} ${BRANCH_RULE}`);
+  }
   return ref;
 }

@@ -19,6 +19,7 @@ test("a bad template, baseRef or onDelete is refused naming the parameter and th
   assert.throws(() => branchPlanOf({ ref: "claims/${pvc.metadata.name", ...CLAIM }), refusal("ref", "never closes it"));
   assert.throws(() => branchPlanOf({ ref: "claims/${pvc.metadata.name}.lock", ...CLAIM }), refusal("ref", 'renders "claims/ha-config.lock", which must name a branch'));
   assert.throws(() => branchPlanOf({ ref: "claims/${pvc.metadata.name}" }), refusal("ref", "--extra-create-metadata"));
+  assert.throws(() => branchPlanOf({ ref: "-x" }), refusal("ref", '"-x" must name a branch'));
   assert.throws(() => branchPlanOf({ ref: "${pvc.metadata.name}", baseRef: "a..b", ...CLAIM }), refusal("baseRef", "must name a branch"));
   assert.throws(() => branchPlanOf({ ref: "${pvc.metadata.name}", onDelete: "shred", ...CLAIM }), refusal("onDelete", "must be one of keep, archive, delete"));
   // A branch several claims share is no one claim's to archive or delete.
