@@ -351,6 +351,14 @@ async function rwoSessions(nodeDir: string): Promise<string[]> {
   return entries.filter((e) => e.endsWith(".rwo-session"));
 }
 
+/** A pod that writes its name to a file of the claim named after it (at subPath, when given), then waits. */
+function writerPod(namespace: string, app: string, file: string, subPath?: string): object {
+  const mount = { name: "config", mountPath: "/config", ...(subPath === undefined ? {} : { subPath }) };
+  const container = { name: app, image: BUSYBOX_IMAGE, command: ["sh", "-c", `echo '${app}' > /config/${file} && sleep 3600`], volumeMounts: [mount] };
+  const spec = { terminationGracePeriodSeconds: 5, containers: [container], volumes: [{ name: "config", persistentVolumeClaim: { claimName: app } }] };
+  return { apiVersion: "v1", kind: "Pod", metadata: { name: app, namespace }, spec };
+}
+
 const nodeLines = (text: string | undefined, node: string) => (text ?? "").split("\n").filter((l) => l.startsWith(`${node} `));
 
 test("ReadWriteOnce across two nodes: node 1 is lost, node 2 takes the volume after the lease, node 1 back lands nothing", async () => {
@@ -507,26 +515,9 @@ test("many writers on one repository: two claims, each pod writing its own direc
     const spec = { volumeName: `subpath-${app}`, storageClassName: "", accessModes: ["ReadWriteOncePod"], resources: { requests: { storage: "1Gi" } } };
     return { apiVersion: "v1", kind: "PersistentVolumeClaim", metadata: { name: app, namespace: "subpath" }, spec };
   };
-  const pod = (app: string, file: string) => ({
-    apiVersion: "v1",
-    kind: "Pod",
-    metadata: { name: app, namespace: "subpath" },
-    spec: {
-      terminationGracePeriodSeconds: 5,
-      containers: [
-        {
-          name: app,
-          image: BUSYBOX_IMAGE,
-          command: ["sh", "-c", `echo '${app}' > /config/${file} && sleep 3600`],
-          volumeMounts: [{ name: "config", mountPath: "/config", subPath: app }],
-        },
-      ],
-      volumes: [{ name: "config", persistentVolumeClaim: { claimName: app } }],
-    },
-  });
   const klass = { apiVersion: "storage.k8s.io/v1", kind: "VolumeAttributesClass", metadata: { name: "subpath-eager" }, driverName: "git.liken.sh", parameters: { "push.quiesce": "1s" } };
   const entries = Object.entries(apps);
-  await apply(JSON.stringify({ apiVersion: "v1", kind: "List", items: [klass, ...entries.flatMap(([app, file]) => [volume(app), claim(app), pod(app, file)])] }));
+  await apply(JSON.stringify({ apiVersion: "v1", kind: "List", items: [klass, ...entries.flatMap(([app, file]) => [volume(app), claim(app), writerPod("subpath", app, file, app)])] }));
   // A claim binds to its PersistentVolume without a class, then the class arms it, as bindAndArm does.
   for (const app of Object.keys(apps)) {
     await waitFor(`claim ${app} Bound`, async () => (await kubectl("get", "pvc", app, "-n", "subpath", "-o", "jsonpath={.status.phase}")) === "Bound");
@@ -566,18 +557,8 @@ test("a branch per claim: two claims of one StorageClass get two branches, each 
     metadata: { name: app, namespace: "perclaim" },
     spec: { storageClassName: "perclaim", volumeAttributesClassName: "perclaim-eager", accessModes: ["ReadWriteOncePod"], resources: { requests: { storage: "1Gi" } } },
   });
-  const pod = (app: string, file: string) => ({
-    apiVersion: "v1",
-    kind: "Pod",
-    metadata: { name: app, namespace: "perclaim" },
-    spec: {
-      terminationGracePeriodSeconds: 5,
-      containers: [{ name: app, image: BUSYBOX_IMAGE, command: ["sh", "-c", `echo '${app}' > /config/${file} && sleep 3600`], volumeMounts: [{ name: "config", mountPath: "/config" }] }],
-      volumes: [{ name: "config", persistentVolumeClaim: { claimName: app } }],
-    },
-  });
   const entries = Object.entries(apps);
-  await apply(JSON.stringify({ apiVersion: "v1", kind: "List", items: [storageClass, klass, ...entries.flatMap(([app, file]) => [claim(app), pod(app, file)])] }));
+  await apply(JSON.stringify({ apiVersion: "v1", kind: "List", items: [storageClass, klass, ...entries.flatMap(([app, file]) => [claim(app), writerPod("perclaim", app, file)])] }));
   const onBranch = (app: string, file: string) => git.git("perclaim.git", "show", `claims/perclaim/${app}:${file}`).catch(() => undefined);
   for (const [app, file] of entries) assert.equal(await waitFor(`${app}/${file} pushed to its branch`, () => onBranch(app, file), 180_000), app);
   for (const [app, file] of entries) assert.equal(await remoteFile("perclaim.git", file), undefined, `${file} is on ${app}'s branch alone`);
