@@ -19,10 +19,12 @@ export async function createVolume(owner: Owner, request: mountOwner.CreateVolum
     onDelete: request.onDelete,
   };
   return owner.perVolume.run(name, async () => {
-    await owner.state.checkCreatable(wanted);
+    // A retry of a volume made already answers without the remote: the branch was made before the record.
+    const existing = await owner.state.checkCreatable(wanted);
+    if (existing) return { volume: existing };
     const branch = request.makeBranch ? await owner.link.provisionBranch(wanted, request.credential) : undefined;
-    const { volume, created } = await owner.state.createVolume(wanted);
-    if (created) owner.logger.info(`volume created on ${branch?.created ? "a new" : "the"} branch ${wanted.source!.ref}`, { volume: name, operation: "create_volume" });
+    const { volume } = await owner.state.createVolume(wanted);
+    owner.logger.info(`volume created on ${branch?.created ? "a new" : "the"} branch ${wanted.source!.ref}`, { volume: name, operation: "create_volume" });
     return { volume };
   });
 }
