@@ -105,14 +105,9 @@ function createRequestOf(request: csi.CreateVolumeRequest): mountOwner.CreateVol
   const source = sourceOf({ url: required(userParameters.url, "parameters.url"), ref: plan.ref }, "parameters");
   const credential = credentialFrom(request.secrets, "secrets");
   checkClassParameters(request.mutableParameters, "mutable_parameters");
-  const range = request.capacityRange;
-  if (range && (range.requiredBytes < 0 || range.limitBytes < 0)) throw invalidArgument("capacity_range: required_bytes and limit_bytes must not be negative");
-  if (range && range.limitBytes > 0 && range.requiredBytes > range.limitBytes) {
-    throw invalidArgument(`capacity_range.required_bytes ${range.requiredBytes} exceeds limit_bytes ${range.limitBytes}`);
-  }
   return {
     name,
-    capacityBytes: range?.requiredBytes || range?.limitBytes || 0,
+    capacityBytes: capacityOf(request.capacityRange),
     source,
     accessMode,
     classParameters: request.mutableParameters,
@@ -121,6 +116,15 @@ function createRequestOf(request: csi.CreateVolumeRequest): mountOwner.CreateVol
     credential,
     makeBranch: plan.makesBranch,
   };
+}
+
+/** The capacity a range asks for; a git volume has no size of its own, so any sane range is taken. */
+function capacityOf(range: csi.CapacityRange | undefined): number {
+  if (range && (range.requiredBytes < 0 || range.limitBytes < 0)) throw invalidArgument("capacity_range: required_bytes and limit_bytes must not be negative");
+  if (range && range.limitBytes > 0 && range.requiredBytes > range.limitBytes) {
+    throw invalidArgument(`capacity_range.required_bytes ${range.requiredBytes} exceeds limit_bytes ${range.limitBytes}`);
+  }
+  return range?.requiredBytes || range?.limitBytes || 0;
 }
 
 const STORAGE_CLASS_PARAMETERS = ["url", "ref", "baseRef", "onDelete"];
