@@ -56,9 +56,10 @@ export async function retireBranch(deps: GitWorkerDeps, request: gitWorker.Retir
     for (const b of retiring) {
       const oid = heads.branches.get(b)!;
       updates.push({ ref: `refs/heads/${b}`, expected: oid, next: "" });
+      if (!archive) continue;
       // A push names its objects by what the node has: the archive's commit comes in first.
-      if (archive) await fetchBranch(repo, b);
-      if (archive) updates.push({ ref: archiveRef(volumeId, b), expected: heads.archived.get(archiveRef(volumeId, b)) ?? "", next: oid });
+      await fetchBranch(repo, b);
+      updates.push({ ref: archiveRef(volumeId, b), expected: heads.archived.get(archiveRef(volumeId, b)) ?? "", next: oid });
     }
     checkPushed(await pushUpdates(repo, updates), `retiring ${retiring.join(" and ")} in ${source.url}`);
     const outcome = archive ? `archived to ${retiring.map((b) => archiveRef(volumeId, b)).join(" and ")}` : `deleted ${retiring.join(" and ")}`;
