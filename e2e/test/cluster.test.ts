@@ -659,7 +659,11 @@ test("the forge away for three minutes: the volume condition turns abnormal, the
       120_000,
     );
     assert.match(abnormal.message, /the last push failed/);
-    const lost = await waitFor("GitVolumeEpochLost on the claim", async () => (await events("away")).find((e) => e.reason === "GitVolumeEpochLost" && e.involvedObject.name === "data"), 180_000);
+    const lost = await waitFor("GitVolumeEpochLost on the claim", async () => (await events("away")).find((e) => e.reason === "GitVolumeEpochLost" && e.involvedObject.name === "data"), 180_000).catch(
+      async (err: Error) => {
+        throw new Error(`${err.message}; the namespace's events: ${(await events("away")).map((e) => `${e.involvedObject.name} ${e.reason}: ${e.message}`).join("\n")}`);
+      },
+    );
     assert.match(lost.message, /the driver deletes the pods a controller owns/);
     await waitFor(
       "the Deployment's new pod",

@@ -85,9 +85,9 @@ test("EventRecorder posts, counts and rate-limits core/v1 Events on a real API s
   assert.ok(pushed[0]!.lastTimestamp >= pushed[0]!.firstTimestamp);
   assert.equal(busy.dropped(), 30 - EVENT_BURST);
   // The drops are logged once for the dry spell, not once each.
-  assert.equal(warnings.filter((w) => w.includes("events on this object are dropped")).length, 1);
+  assert.equal(warnings.filter((w) => w.includes("GitVolumePushed events on this object are dropped")).length, 1);
   assert.match(
-    warnings.find((w) => w.includes("events on this object are dropped"))!,
+    warnings.find((w) => w.includes("GitVolumePushed events on this object are dropped"))!,
     /"kind":"PersistentVolumeClaim".*"name":"config"/,
   );
   warnings.length = 0;
@@ -96,6 +96,11 @@ test("EventRecorder posts, counts and rate-limits core/v1 Events on a real API s
   await busy.flush();
   assert.equal(busy.dropped(), 30 - EVENT_BURST);
   assert.equal((await events()).filter((e) => e.reason === Reason.Pushed && e.involvedObject.kind === "Pod").length, 1);
+  // And per reason: a flood of one reason on the claim never silences another.
+  busy.record(claim, "Warning", Reason.EpochLost, "the mount epoch lost the volume");
+  await busy.flush();
+  assert.equal(busy.dropped(), 30 - EVENT_BURST);
+  assert.equal((await events()).filter((e) => e.reason === Reason.EpochLost && e.involvedObject.kind === "PersistentVolumeClaim").length, 1);
 
   // A namespace that does not exist: no throw, a warning that names it, one more dropped; never the token.
   assert.equal(warnings.length, 0, warnings.join("\n"));

@@ -50,8 +50,8 @@ interface Bucket {
 
 /**
  * Posts core/v1 Events as client-go's recorder does: one at a time, an identical event within
- * 10 minutes as a count on the first, and a token bucket per object so a busy volume cannot
- * flood the API server. A post the API server does not answer, or answers with 429 or 5xx, is
+ * 10 minutes as a count on the first, and a token bucket per object and reason so a busy
+ * volume cannot flood the API server, and one reason's flood silences no other. A post the API server does not answer, or answers with 429 or 5xx, is
  * tried again after 1, 2 and 4 s. record() never throws and never waits; an event that is not
  * posted is logged and counted in dropped().
  */
@@ -67,20 +67,24 @@ export class EventRecorder {
   constructor(private readonly options: EventRecorderOptions) {}
 
   record(object: InvolvedObject, type: EventType, reason: ReasonName, message: string): void {
-    const key = `${object.kind}/${object.namespace}/${object.name}/${object.uid ?? ""}`;
+    // A bucket per reason too: a flood of failed pushes must never silence the one event that says the epoch was lost.
+    const key = `${object.kind}/${object.namespace}/${object.name}/${object.uid ?? ""}/${reason}`;
     if (!this.takeToken(key) || this.queued >= MAX_QUEUED) {
       this.droppedCount++;
       const bucket = this.buckets.get(key);
       if (bucket && !bucket.dryLogged) {
         bucket.dryLogged = true;
         const { burst = EVENT_BURST, refillMs = EVENT_REFILL_MS } = this.options;
-        this.options.logger.warn(`events on this object are dropped: over ${burst} at once and one per ${refillMs / 1000}s, or ${MAX_QUEUED} waiting; the volume's log and report keep every event`, {
-          operation: "event",
-          reason,
-          kind: object.kind,
-          namespace: object.namespace,
-          name: object.name,
-        });
+        this.options.logger.warn(
+          `${reason} events on this object are dropped: over ${burst} at once and one per ${refillMs / 1000}s, or ${MAX_QUEUED} waiting; the volume's log and report keep every event`,
+          {
+            operation: "event",
+            reason,
+            kind: object.kind,
+            namespace: object.namespace,
+            name: object.name,
+          },
+        );
       }
       return;
     }
