@@ -52,6 +52,8 @@ export interface DriverOptions {
   ownMountNamespace?: boolean;
   /** An API server the services watch and post events to. */
   kubeconfig?: string;
+  /** The git worker's collection interval (--gc-interval), shortened for tests that wait for a collection. */
+  gcInterval?: string;
   /** The git worker deletes a lost epoch's pods that a controller owns (--delete-fenced-pods). */
   deleteFencedPods?: boolean;
   /** The node's wall clock this far from the machine's (libfaketime's FAKETIME offset, e.g. "+1h"), for every process of the node. */
@@ -96,6 +98,7 @@ export async function startDriver(options: DriverOptions = {}): Promise<Driver> 
   if (options.lease) args.push("--lease-duration", options.lease.duration, "--lease-renew-interval", options.lease.renewInterval);
   if (options.kubeconfig) args.push("--kubeconfig", options.kubeconfig);
   if (options.deleteFencedPods) args.push("--delete-fenced-pods", "true");
+  if (options.gcInterval) args.push("--gc-interval", options.gcInterval);
   const spawned = { stdio: ["ignore", "pipe", "pipe"] as ("ignore" | "pipe")[], env: nodeEnv(options) };
   const launcher = options.ownMountNamespace
     ? spawn("unshare", ["--mount", "--propagation", "private", process.execPath, LAUNCHER, ...args], spawned)

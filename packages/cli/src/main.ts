@@ -30,6 +30,7 @@ async function main(argv: string[]): Promise<void> {
       { name: "owner-metrics-address", help: "host:port of the mount owner's /metrics listener (git_csi_operations_total); empty for none", default: "" },
       { name: "lease-duration", help: "how long a mount epoch's lease lasts (spec 000)", default: "90s" },
       { name: "lease-renew-interval", help: "how often the mount owner renews it (spec 000)", default: "20s" },
+      { name: "gc-interval", help: "how often the git worker collects its store and sends commits kept trees of unstaged volumes hold to stranded refs", default: "1h" },
       { name: "kubeconfig", help: "an API server to watch (PersistentVolumes, claims, VolumeAttributesClasses) and post events to, as in a cluster; empty for none", default: "" },
       {
         name: "delete-fenced-pods",
@@ -48,6 +49,7 @@ async function main(argv: string[]): Promise<void> {
       ownerMetricsAddress: flags["owner-metrics-address"]!,
       leaseDuration: flags["lease-duration"]!,
       leaseRenewInterval: flags["lease-renew-interval"]!,
+      gcInterval: flags["gc-interval"]!,
       kubeconfig: flags.kubeconfig!,
       deleteFencedPods: flags["delete-fenced-pods"]!,
     },

@@ -16,6 +16,8 @@ export interface StandaloneOptions {
   /** Spec 000's lease and renewal interval, as durations ("90s", "20s"). */
   leaseDuration: string;
   leaseRenewInterval: string;
+  /** The git worker's --gc-interval, a duration. */
+  gcInterval: string;
   /** A kubeconfig: the services then watch and report to that API server, as in a cluster; empty for none. */
   kubeconfig: string;
   /** The git worker's --delete-fenced-pods, "true" or "false". */
@@ -84,6 +86,8 @@ export class Standalone {
           options.kubeconfig,
           "--delete-fenced-pods",
           options.deleteFencedPods,
+          "--gc-interval",
+          options.gcInterval,
         ],
       },
       {
