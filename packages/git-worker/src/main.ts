@@ -6,7 +6,7 @@ import { createLogger, type Logger, logLifecycle } from "@git-csi/logging";
 import { DriverMetrics, serveMetrics } from "@git-csi/metrics";
 import { call, dialUnix, gitWorker, mountOwner, serveUnix, stopServer } from "@git-csi/protos";
 import * as path from "node:path";
-import { endOrphanedAgents } from "./remote/access";
+import { endOrphanedAgents, RemoteAccess } from "./remote/access";
 import { recoverFromKill } from "./trees/recover";
 import { CredentialBroker } from "./remote/broker";
 import type { CollectionPolicy } from "./trees/collect-remote";
@@ -57,7 +57,7 @@ async function main(): Promise<void> {
     },
     {
       name: "gc-interval",
-      help: "how often to collect the driver's refs no volume needs (on the node and on each remote a staged volume reaches), repositories no tree names, and git gc",
+      help: "how often to collect the driver's refs no volume needs (on the node and on each remote a staged volume reaches), repositories no tree names, and git gc, and to send the commits a kept tree of an unstaged volume holds and its remote lacks to the volume's stranded ref",
       default: "1h",
     },
     {
@@ -99,11 +99,22 @@ async function main(): Promise<void> {
   const kubeConfig = await kubeConfigIfAny(flags.kubeconfig!);
   const events = kubeConfig ? new EventRecorder({ kubeConfig, nodeId: flags["node-id"]!, logger }) : undefined;
   const pods = kubeConfig && booleanFlag(flags, "delete-fenced-pods") ? new FencedPodDeleter(kubeConfig) : undefined;
-  const collect = serialCollector(store, logger, perRepository, { reach: reachThrough(syncs), ownerRefRetentionMs: durationFlag(flags, "owner-ref-retention") });
+  const unstaging = new Set<string>();
+  // No credential: what a stage without a Secret used, for the kept trees of such volumes.
+  const anonymous = await RemoteAccess.open(undefined, store.stateDir, store.socketDir(), broker);
+  const collect = serialCollector(store, logger, perRepository, {
+    reach: reachThrough(syncs),
+    ownerRefRetentionMs: durationFlag(flags, "owner-ref-retention"),
+    strand: {
+      staged: (volumeId) => syncs.has(volumeId) || unstaging.has(volumeId),
+      anonymous: (url) => (operation) => anonymous.run((options) => operation(store.repo(url, options))),
+      events,
+    },
+  });
   const syncMount = mountSyncer(flags["mount-owner"] || `unix://${path.join(store.socketDir(), "mount-owner.sock")}`);
   const gcTimer = setInterval(() => void collect(), durationFlag(flags, "gc-interval"));
   const server = await serveUnix(flags.listen!, [
-    { definition: gitWorker.GitWorkerService, implementation: gitWorkerService({ store, syncs, broker, metrics, logger, perRepository, collect, events, pods, syncMount }) },
+    { definition: gitWorker.GitWorkerService, implementation: gitWorkerService({ store, syncs, unstaging, broker, metrics, logger, perRepository, collect, events, pods, syncMount }) },
   ]);
   let listener: http.Server | undefined;
   if (flags["metrics-address"]) {

@@ -20,6 +20,8 @@ export type Syncs = Map<string, VolumeSync>;
 export interface GitWorkerDeps {
   store: Store;
   syncs: Syncs;
+  /** The volumes whose unstage is under way: out of syncs, and still pushing and stranding their commits. */
+  unstaging: Set<string>;
   broker: CredentialBroker;
   metrics: DriverMetrics;
   logger: Logger;
@@ -85,10 +87,14 @@ export function gitWorkerService(deps: GitWorkerDeps): gitWorker.GitWorkerServer
       const sync = syncs.get(volumeId);
       syncs.delete(volumeId);
       if (!sync) return { released: false, message: `the git worker does not serve volume ${volumeId}: it restarted since the stage, and holds no credential to release the mount epoch` };
-      const released = await sync.stop(request.epoch || undefined).catch((err: Error) => {
-        logger.warn(`release_mount failed: ${err.message}`, { volume: volumeId, operation: "release_mount" });
-        return false;
-      });
+      deps.unstaging.add(volumeId);
+      const released = await sync
+        .stop(request.epoch || undefined)
+        .catch((err: Error) => {
+          logger.warn(`release_mount failed: ${err.message}`, { volume: volumeId, operation: "release_mount" });
+          return false;
+        })
+        .finally(() => deps.unstaging.delete(volumeId));
       return { released, message: released ? "" : "the owner ref still names the epoch; its lease runs out by itself" };
     }),
 

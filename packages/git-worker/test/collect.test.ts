@@ -10,9 +10,11 @@ import { MountLease, type OnRemote } from "../src/lease/lease";
 import type { OwnerRecord } from "../src/lease/ownership";
 import { stagingRef } from "../src/remote/remote";
 import { volumeBranchRef } from "../src/trees/stage";
-import { exists, ownerRef, upstreamOwnerRef } from "../src/trees/store";
+import { exists, ownerRef, strandedRef, upstreamOwnerRef } from "../src/trees/store";
+import { rememberStage } from "../src/trees/strand-kept";
 import { revParse } from "../src/remote/tree";
-import { recordCommit, type ServedRemote, stageAnother, type StagedNode, stagedNode } from "./remote";
+import { runGit } from "../src/remote/git";
+import { AUTHOR, recordCommit, type ServedRemote, stageAnother, type StagedNode, stagedNode } from "./remote";
 
 /**
  * The collection of the driver's refs against a real forge: a bare
@@ -188,4 +190,48 @@ test("the node's views of a removed volume go, with what a removal cut short lef
   }
   assert.notEqual(await revParse(repo, upstreamOwnerRef("pvc-keep")), "", "the kept tree's view stays");
   assert.deepEqual((await repo.raw(["for-each-ref", "--format=%(refname)", "refs/git-csi/collect/"])).trim(), "", "nothing the collection fetched stays");
+});
+
+test("a kept tree no stage serves sends the commits its remote lacks to a stranded ref, once, and only where it may reach the remote", async (t: TestContext) => {
+  const a = await stagedNode(t, "pvc-kept");
+  const treeDir = a.store.treeDir("pvc-kept");
+  const tree = a.store.tree(a.remote.url, "pvc-kept", AUTHOR);
+  await fs.writeFile(path.join(treeDir, "late.txt"), "late\n");
+  await runGit(tree, ["add", "late.txt"]);
+  await runGit(tree, ["commit", "--quiet", "-m", "late"]);
+  const head = await revParse(tree, "HEAD");
+  let staged = true;
+  const strandOnce = async () => {
+    const { logger, lines } = quietLogger();
+    await collectGarbage(a.store, logger, (_repoDir, work) => work(), { reach: () => undefined, ownerRefRetentionMs: HOUR, strand: { staged: () => staged, anonymous: () => a.onRemote } });
+    return lines;
+  };
+  const told = (lines: Line[]) => lines.filter((l) => l.volume === "pvc-kept" && l.reason === "GitVolumeStranded");
+  const stranded = () => remoteRefs(a.remote, strandedRef("pvc-kept"));
+
+  // Staged here: its own sync pushes.
+  assert.deepEqual(told(await strandOnce()), []);
+  assert.deepEqual(stranded(), []);
+  // Unstaged, with no record of the stage: it may want a credential the node does not keep.
+  staged = false;
+  const unknown = await strandOnce();
+  assert.deepEqual(stranded(), []);
+  assert.deepEqual(told(unknown), []);
+  assert.ok(unknown.some((l) => l.volume === "pvc-kept" && /its remote wants a credential and no volume of it is staged here with one/.test(String(l.message))));
+  // A stage without a Secret: the remote is reached without one.
+  await rememberStage(a.store, "pvc-kept", { credentialExpected: false });
+  const sent = await strandOnce();
+  assert.deepEqual(stranded(), [strandedRef("pvc-kept", head)]);
+  assert.equal(told(sent).length, 1);
+  assert.match(String(told(sent)[0]!.message), new RegExp(`^1 commit\\(s\\) no push landed on main before the volume was unstaged wait on ${strandedRef("pvc-kept", head)}`));
+  // What the remote holds is not sent again: found there once the node forgot it sent it, and not looked for once the ref went.
+  await fs.rm(path.join(a.store.volumeDir("pvc-kept"), "stranded"));
+  const found = await strandOnce();
+  assert.deepEqual(told(found), []);
+  assert.ok(found.some((l) => l.volume === "pvc-kept" && l.message === "the remote holds the kept work tree's commits already; none is sent again"));
+  a.remote.git("update-ref", "-d", strandedRef("pvc-kept", head));
+  assert.deepEqual(told(await strandOnce()), []);
+  assert.deepEqual(stranded(), []);
+  // The tree keeps its commit throughout.
+  assert.equal(await revParse(a.store.repo(a.remote.url), volumeBranchRef("pvc-kept")), head);
 });

@@ -3,6 +3,7 @@ import { deleteRefs, fetchStranded, pushStranded, RemoteError } from "../remote/
 import { holdsChanges, revParse, statusOf } from "../remote/tree";
 import type { VolumeReporter } from "../report";
 import { strandedRef, upstreamRef } from "../trees/store";
+import { markStranded } from "../trees/strand-kept";
 import type { VolumeUpstream } from "./upstream";
 import type { VolumeState } from "./volume";
 
@@ -22,7 +23,12 @@ export class VolumeStranded {
     private readonly upstream: VolumeUpstream,
   ) {}
 
-  /** At unstage, when commits the remote lacks remain: the tree's HEAD to its stranded ref. A remote that is away leaves them in the node's tree. */
+  /**
+   * At unstage, when commits the remote lacks remain: the tree's HEAD to its
+   * stranded ref. A remote that is away leaves them in the node's kept tree,
+   * and the node's collection sends them once it reaches the remote
+   * (trees/strand-kept.ts).
+   */
   async leave(): Promise<void> {
     const s = this.s;
     if (s.unpushed === 0) return;
@@ -31,9 +37,10 @@ export class VolumeStranded {
       await s.remote((repo) => pushStranded(repo, s.volumeId, head));
     } catch (err) {
       if (!(err instanceof RemoteError)) throw err;
-      s.log("warn", `${s.unpushed} commit(s) no push landed stay in the node's work tree only: ${err.message}`, "strand");
+      s.log("warn", `${s.unpushed} commit(s) no push landed stay in the node's work tree until its collection reaches the remote: ${err.message}`, "strand");
       return;
     }
+    await markStranded(s.volumeDir, head);
     this.report.emit(
       Reason.Stranded,
       "Warning",

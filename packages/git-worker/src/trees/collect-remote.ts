@@ -4,6 +4,7 @@ import { formatDuration, orAbsent } from "@git-csi/config";
 import type { Logger } from "@git-csi/logging";
 import type { SimpleGit } from "simple-git";
 import type { OnRemote } from "../lease/lease";
+import type { EventSink } from "../sync/volume";
 import { isActive, type OwnerRecord, parseRecord, pastRetention, RecordError } from "../lease/ownership";
 import { deleteRefs, type ReadRef, RemoteError } from "../remote/remote";
 import { ownerRef, type Store } from "./store";
@@ -29,6 +30,17 @@ export interface CollectionPolicy {
   reach(url: string): RemoteReach | undefined;
   /** How long an owner ref stays once no epoch holds it (the chart's node.ownerRefRetention). */
   ownerRefRetentionMs: number;
+  /** How kept trees of unstaged volumes send their commits to stranded refs; none strands nothing. */
+  strand?: StrandPolicy;
+}
+
+export interface StrandPolicy {
+  /** True while a stage of the volume serves it on this node, or its unstage is under way: its own sync pushes its commits. */
+  staged(volumeId: string): boolean;
+  /** A URL's remote reached with no credential, for a kept tree whose stage carried none. */
+  anonymous(url: string): OnRemote;
+  /** Where a stranded kept tree is told of, on its claim; none outside a cluster. */
+  events?: EventSink;
 }
 
 /** What the remote holds of one volume: its owner ref with the record it read (none when it is not one), its staging refs. */

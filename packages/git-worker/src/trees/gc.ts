@@ -6,8 +6,9 @@ import type { gitcsi, gitWorker } from "@git-csi/protos";
 import { volumeBranchRef } from "./stage";
 import type { SimpleGit } from "simple-git";
 import { COLLECTED_OWNERS, type CollectionPolicy, collectRemote, expireDeletions, readDeletions, rememberDeleted } from "./collect-remote";
-import { branchOfRef, exists, type Store, UPSTREAM_METADATA, upstreamOwnerRef, upstreamRef } from "./store";
-import { countCommits, revParse } from "../remote/tree";
+import { branchOfRef, exists, type Store, UPSTREAM_METADATA, upstreamOwnerRef, upstreamRef, upstreamStrandedRef } from "./store";
+import { revParse } from "../remote/tree";
+import { type KeptTree, strandKept, unpushedOf } from "./strand-kept";
 import { runGit } from "../remote/git";
 
 /** What the worker remembers of a volume whose tree it keeps: the source it follows. */
@@ -17,7 +18,7 @@ export async function rememberSource(store: Store, volumeId: string, source: git
 }
 
 /** The volumes whose tree the node keeps, or is making: a stage records the source before it clones. */
-async function keptTrees(store: Store): Promise<Array<{ volumeId: string; source: gitcsi.VolumeSource }>> {
+async function keptTrees(store: Store): Promise<KeptTree[]> {
   const trees = (await orAbsent(fs.readdir(path.join(store.stateDir, "sync")))) ?? [];
   const out = [];
   for (const volumeId of trees) {
@@ -44,7 +45,7 @@ export async function removeTree(store: Store, volumeId: string, source: gitcsi.
   const side = sideBranchOf(branch, volumeId);
   const head = await revParse(repo, volumeBranchRef(volumeId));
   const sidePushed = await revParse(repo, upstreamRef(side));
-  const unpushedCommits = head === "" ? 0 : await countCommits(repo, sidePushed || (await revParse(repo, upstreamRef(branch))), head);
+  const unpushedCommits = head === "" ? 0 : await unpushedOf(repo, volumeId, branch, head);
   await fs.rm(treePath, { recursive: true, force: true });
   await fs.rm(store.scratchDir(volumeId), { recursive: true, force: true });
   await runGit(repo, ["worktree", "unlock", treePath]).catch(() => undefined);
@@ -66,7 +67,7 @@ export async function removeTree(store: Store, volumeId: string, source: gitcsi.
  * owner ref. A source recorded before the node took its ref for no branch
  * (such as "--help") follows no branch; it never fetched one.
  */
-function followedViews(tree: { volumeId: string; source: gitcsi.VolumeSource }): string[] {
+function followedViews(tree: KeptTree): string[] {
   const branch = branchOf(tree.source.ref);
   const branches = branch === undefined ? [] : [branch, sideBranchOf(branch, tree.volumeId)];
   return [...branches.map(upstreamRef), upstreamOwnerRef(tree.volumeId)];
@@ -80,12 +81,16 @@ function followedViews(tree: { volumeId: string; source: gitcsi.VolumeSource }):
  */
 const PRUNE_AFTER = "1.hour.ago";
 
+/** The node's views of every volume's stranded refs. */
+const STRANDED_VIEWS = upstreamStrandedRef("").slice(0, -1);
+
 /**
  * Spec 004, "Work trees the node keeps": deletes the driver's refs no volume
  * needs, on each remote a staged volume reaches (collect-remote.ts) and in
  * the node's store, removes each bare repository that no work tree names, and
  * runs git gc in each one that stays, so neither grows with every volume ever
- * staged.
+ * staged. Commits a kept tree of an unstaged volume holds and the remote
+ * lacks go to the volume's stranded ref (strand-kept.ts).
  */
 export async function collectGarbage(store: Store, logger: Logger, onRepository: <T>(repoDir: string, work: () => Promise<T>) => Promise<T>, policy: CollectionPolicy): Promise<void> {
   const reposDir = path.join(store.stateDir, "repos");
@@ -102,6 +107,7 @@ export async function collectGarbage(store: Store, logger: Logger, onRepository:
       }
       const url = users[0]!.source.url;
       await collectRemote(store, url, policy, deletions, logger);
+      if (policy.strand) await strandKept(store, users, policy.reach(url)?.remote, policy.strand, logger);
       const stale = await deleteStaleViews(store.repo(url), new Set(users.flatMap(followedViews)), logger);
       await runGit(store.repo(url), ["worktree", "prune"]);
       await runGit(store.repo(url), ["gc", "--quiet", `--prune=${PRUNE_AFTER}`]);
@@ -122,8 +128,8 @@ async function deleteStaleViews(repo: SimpleGit, followed: Set<string>, logger: 
   let views = 0;
   for (const ref of refs.filter((r) => !followed.has(r) && !r.startsWith(UPSTREAM_METADATA))) {
     await runGit(repo, ["update-ref", "-d", ref]);
-    // What the remote's collection fetched goes every time: only a view's deletion is news.
-    if (ref.startsWith(COLLECTED_OWNERS)) continue;
+    // What the remote's collection fetched goes every time, and so do the stranded refs a look at a kept tree fetched: only a view's deletion is news.
+    if (ref.startsWith(COLLECTED_OWNERS) || ref.startsWith(STRANDED_VIEWS)) continue;
     views++;
     const volumeId = ref.startsWith(upstreamOwnerRef("")) ? ref.slice(upstreamOwnerRef("").length) : undefined;
     logger.info(`deleted the node's view ${ref}: no kept tree follows it`, { volume: volumeId, operation: "gc", ref });

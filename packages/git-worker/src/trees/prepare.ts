@@ -2,6 +2,7 @@ import { accessModeName, type gitcsi, gitWorker, invalidArgument, failedPrecondi
 import { RemoteAccess } from "../remote/access";
 import { fingerprint, parseCredential } from "../remote/credential";
 import { rememberSource } from "./gc";
+import { rememberStage } from "./strand-kept";
 import { MountLease, type OnRemote } from "../lease/lease";
 import type { Holder } from "../lease/ownership";
 import type { GitWorkerDeps } from "../service";
@@ -37,6 +38,7 @@ export async function prepareVolume(deps: GitWorkerDeps, prepared: Prepared, req
   try {
     const tree = await deps.perRepository.run(store.repoDir(source.url), async () => {
       await rememberSource(store, volumeId, source);
+      await rememberStage(store, volumeId, { credentialExpected, claim: request.claim });
       return prepareTree(store, volumeId, source, access, credentialExpected && !access.hasCredential);
     });
     logger.info(tree.reused ? "reused the work tree the node kept" : "cloned the work tree", { volume: volumeId, operation: "prepare_tree", head: tree.head });
