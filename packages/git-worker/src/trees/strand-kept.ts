@@ -87,7 +87,7 @@ export async function strandKept(store: Store, trees: KeptTree[], viaStaged: OnR
   }
 }
 
-async function strandOne(store: Store, tree: KeptTree, reachable: OnRemote, credentialed: boolean, logger: Logger, events?: EventSink): Promise<void> {
+async function strandOne(store: Store, tree: KeptTree, reachable: OnRemote, throughStaged: boolean, logger: Logger, events?: EventSink): Promise<void> {
   const { volumeId, source } = tree;
   const branch = branchOf(source.ref);
   if (branch === undefined) return;
@@ -97,7 +97,7 @@ async function strandOne(store: Store, tree: KeptTree, reachable: OnRemote, cred
   const side = sideBranchOf(branch, volumeId);
   if (await heldBy(repo, [upstreamRef(branch), upstreamRef(side)], head)) return;
   const stage = await readStage(store, volumeId);
-  const remote = credentialed || stage?.credentialExpected === false ? reachable : undefined;
+  const remote = throughStaged || stage?.credentialExpected === false ? reachable : undefined;
   const unpushed = await unpushedOf(repo, volumeId, branch, head);
   const fields = { volume: volumeId, operation: "strand" };
   if (!remote) {
