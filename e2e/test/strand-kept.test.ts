@@ -66,7 +66,9 @@ test("a lost epoch's commits that its unstage could not strand (the remote away)
   await server.down();
   await unpublishAndUnstage(a, onA);
   assert.deepEqual(await strandedRefs(volume.volumeId), []);
-  assert.match(volumeLogs(a, volume.volumeId), /commit\(s\) no push landed stay in the node's work tree until its collection reaches the remote/);
+  await waitFor("A's word that the commit stays in its tree", async () =>
+    /commit\(s\) no push landed stay in the node's work tree until its collection reaches the remote/.test(volumeLogs(a, volume.volumeId)),
+  );
 
   // The remote comes back: without any stage on A, A's collection sends the commit to a stranded ref.
   await server.up();
@@ -77,7 +79,9 @@ test("a lost epoch's commits that its unstage could not strand (the remote away)
   assert.match(stranded!, new RegExp(`^refs/git-csi/stranded/${volume.volumeId}/[0-9a-f]{40}$`));
   assert.equal(await onRemote("late.txt", stranded), "late");
   assert.equal(await onRemote("late.txt"), undefined, "no branch follows the stranded ref");
-  const told = strandedLines(a, volume.volumeId).filter((l) => l.includes('"reason":"GitVolumeStranded"'));
+  const toldOf = () => strandedLines(a, volume.volumeId).filter((l) => l.includes('"reason":"GitVolumeStranded"'));
+  // The line follows the push: the node's log may reach the test a moment after the ref.
+  const told = await waitFor("A's GitVolumeStranded line", async () => toldOf().length > 0 && toldOf());
   assert.equal(told.length, 1, told.join("\n"));
   assert.match(told[0]!, new RegExp(`wait on ${stranded}: the volume's next stage, on any node, brings them in`));
   // No epoch in what A said of it.
@@ -102,5 +106,5 @@ test("a lost epoch's commits that its unstage could not strand (the remote away)
   const seen = collections();
   await waitFor("two more collections on A", async () => collections() >= seen + 2);
   assert.deepEqual(await strandedRefs(volume.volumeId), []);
-  assert.equal(strandedLines(a, volume.volumeId).filter((l) => l.includes('"reason":"GitVolumeStranded"')).length, 1);
+  assert.equal(toldOf().length, 1);
 });
