@@ -6,6 +6,7 @@ import type { gitcsi } from "@git-csi/protos";
 import type { SimpleGit } from "simple-git";
 import type { OnRemote } from "../lease/lease";
 import { fetchBranch, fetchStranded, pushStranded, RemoteError } from "../remote/remote";
+import { GitCommandError } from "../remote/git";
 import { countCommits, holdsChanges, revParse } from "../remote/tree";
 import type { EventSink } from "../sync/volume";
 import type { StrandPolicy } from "./collect-remote";
@@ -83,7 +84,13 @@ export interface KeptTree {
 export async function strandKept(store: Store, trees: KeptTree[], viaStaged: OnRemote | undefined, policy: StrandPolicy, logger: Logger): Promise<void> {
   for (const tree of trees) {
     if (policy.staged(tree.volumeId)) continue;
-    await strandOne(store, tree, viaStaged ?? policy.anonymous(tree.source.url), viaStaged !== undefined, logger, policy.events);
+    try {
+      await strandOne(store, tree, viaStaged ?? policy.anonymous(tree.source.url), viaStaged !== undefined, logger, policy.events);
+    } catch (err) {
+      // One tree git fails on leaves the others, and the rest of the collection, to go on.
+      if (!(err instanceof GitCommandError)) throw err;
+      logger.warn(`the kept work tree's commits were not looked at: ${err.message}`, { volume: tree.volumeId, operation: "strand" });
+    }
   }
 }
 
