@@ -435,7 +435,7 @@ describe("the spine: three services, the CSI surface, a real FUSE mount", () => 
     const volumeId = "worker-steps";
     const ownerRef = `refs/git-csi/owner/${volumeId}`;
     const owner = () => server.git("config.git", "show", "-s", "--format=%B", ownerRef).catch(() => undefined);
-    const mount = { node: "e2e-node", epoch: "worker-steps-epoch", accessMode: gitcsi.AccessMode.READ_WRITE_ONCE, leaseMs: 90_000, continues: false };
+    const mount = { node: "e2e-node", epoch: "worker-steps-epoch", accessMode: gitcsi.AccessMode.READ_WRITE_ONCE, leaseMs: 90_000, continues: false, servingLeftMs: 0 };
     const claim = (request: Partial<gitWorker.ClaimMountRequest>) => call(worker.claimMount.bind(worker), gitWorker.ClaimMountRequest.fromPartial(request), T);
     await refused(claim({ volumeId, mount }), status.FAILED_PRECONDITION, ["no prepared tree", "PrepareTree comes first"]);
     const prepared = await call(worker.prepareTree.bind(worker), gitWorker.PrepareTreeRequest.fromPartial({ volumeId, source: { url, ref: "main" } }), T);

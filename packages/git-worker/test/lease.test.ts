@@ -283,6 +283,77 @@ test("a restarted worker's epoch continues while the record names it, and is sup
   assert.equal(remote.main(), cb);
 });
 
+/** Polls `probe` until it holds: the test waits for a condition, never for a guessed time. */
+async function until(what: string, probe: () => boolean, timeoutMs = 10_000): Promise<void> {
+  const deadline = Date.now() + timeoutMs;
+  while (!probe()) {
+    if (Date.now() > deadline) assert.fail(`timed out waiting for ${what}`);
+    await new Promise((resolve) => setTimeout(resolve, 10));
+  }
+}
+
+test("a restarted worker serves no longer than the mount owner says its mount may: once that time is over the epoch is expired, never renewed, and pushes nothing", async (t) => {
+  const remote = await remoteRepo(t);
+  const a = await stagedNode(t, "node-a", remote);
+  assert.equal((await a.lease(holder("node-a", "ea")).claim(a.remote)).held, true);
+  const c1 = await a.commit("one");
+
+  // The worker restarted; the mount owner hands it the epoch with 300 ms of serving time left.
+  const restarted = a.lease(holder("node-a", "ea", true));
+  restarted.servesAtMost(300);
+  assert.equal(restarted.state().refusal, gitWorker.LeaseRefusal.LEASE_REFUSAL_NONE, "it serves on the mount owner's word until then");
+  await until("the mount owner's serving time to be over", () => restarted.state().refusal === gitWorker.LeaseRefusal.LEASE_REFUSAL_EXPIRED);
+  const before = remote.refs();
+
+  // The record still names the epoch and no taker claimed: only the serving time tells it is dead.
+  assert.equal(remote.record().epoch, "ea");
+  const claimed = await restarted.claim(a.remote);
+  assert.equal(claimed.held, false);
+  assert.equal(claimed.refusal, gitWorker.LeaseRefusal.LEASE_REFUSAL_EXPIRED);
+  assert.match(claimed.message, /ran out unrenewed/);
+  assert.doesNotMatch(claimed.message, /\bea\b/, "the epoch is never in a message");
+  assert.deepEqual(remote.refs(), before, "the expired epoch was not renewed");
+  await assert.rejects(a.push(restarted, c1), LeaseLost);
+  assert.deepEqual(remote.refs(), before, "nothing of the expired epoch's commit landed");
+});
+
+test("a mount owner whose mount has no serving time left hands over an expired epoch; one that cannot tell (0) leaves the claim as it was", async (t) => {
+  const remote = await remoteRepo(t);
+  const a = await stagedNode(t, "node-a", remote);
+  assert.equal((await a.lease(holder("node-a", "ea")).claim(a.remote)).held, true);
+  const before = remote.refs();
+
+  const over = a.lease(holder("node-a", "ea", true));
+  over.servesAtMost(-1);
+  const refused = await over.claim(a.remote);
+  assert.equal(refused.held, false);
+  assert.equal(refused.refusal, gitWorker.LeaseRefusal.LEASE_REFUSAL_EXPIRED);
+  assert.deepEqual(remote.refs(), before, "no renewal was written");
+
+  const unknown = a.lease(holder("node-a", "ea", true));
+  unknown.servesAtMost(0);
+  assert.equal((await unknown.claim(a.remote)).held, true, "a mount owner that restarted knows no serving time: the epoch continues as it did");
+  assert.notEqual(remote.owner(), before.get(ownerRef(VOLUME)));
+});
+
+test("the worker never believes the mount may serve longer than the mount owner says: a shorter word shortens its serving time, a longer one lengthens nothing", async (t) => {
+  const remote = await remoteRepo(t);
+  const a = await stagedNode(t, "node-a", remote);
+  const lease = a.lease(holder("node-a", "ea"));
+  const after = Date.now();
+  assert.equal((await lease.claim(a.remote)).held, true);
+  const renewed = Number(lease.state().serveUntilUnixMs);
+  assert.ok(renewed >= after + serveFor(LEASE_MS) - 1_000, "the claim's renewal serves nine tenths of the lease");
+
+  lease.servesAtMost(10 * LEASE_MS);
+  assert.ok(Number(lease.state().serveUntilUnixMs) <= renewed + 1, "a longer word lengthens nothing");
+  const told = Date.now();
+  lease.servesAtMost(2_000);
+  const state = lease.state();
+  assert.equal(state.held, true);
+  assert.ok(Number(state.serveUntilUnixMs) <= Date.now() + 2_000 && Number(state.serveUntilUnixMs) >= told + 2_000 - 1, `serves until ${Number(state.serveUntilUnixMs) - told} ms after the word`);
+});
+
 test("a push with much to send sends it ahead outside the lease: a renewal during the transfer lands, and the fenced push only moves refs", async (t) => {
   const remote = await remoteRepo(t);
   const a = await stagedNode(t, "node-a", remote);

@@ -60,7 +60,7 @@ async function stage(t: TestContext, remote: ServedRemote, id: string, branch: s
   // Timers far off: only flush() commits and pushes.
   const volumeClass = { name: "test", parameters: { "push.quiesce": "1h", "push.maxLatency": "1h" } };
   await prepareVolume(deps, prepared, gitWorker.PrepareTreeRequest.fromPartial({ volumeId: id, source: { url: remote.url, ref: `refs/heads/${branch}` }, class: volumeClass }));
-  const mount = { node: `node-${id}`, epoch: `epoch-${id}`, accessMode: gitcsi.AccessMode.READ_WRITE_ONCE_POD, leaseMs: 90_000, continues: false };
+  const mount = { node: `node-${id}`, epoch: `epoch-${id}`, accessMode: gitcsi.AccessMode.READ_WRITE_ONCE_POD, leaseMs: 90_000, continues: false, servingLeftMs: 0 };
   const claimed = await claimMount(deps, prepared, "instance", { volumeId: id, mount });
   assert.equal(claimed.lease?.held, true, claimed.lease?.message);
   const sync = deps.syncs.get(id)!;

@@ -207,6 +207,21 @@ export class MountLease {
     return refs;
   }
 
+  /**
+   * The mount owner's word on how much longer its mount may serve, read on
+   * this process's monotonic clock as it arrives (ClaimMount's
+   * serving_left_ms): the lease never serves past it, and an epoch with none
+   * left is expired, so its next claim or renewal is refused rather than
+   * written. 0 is unknown and changes nothing. A restarted worker knows the
+   * epoch's serving time from nothing else; the mount owner read it a moment
+   * before it arrived, so it comes no earlier than the mount's own end.
+   */
+  servesAtMost(servingLeftMs: number): void {
+    if (servingLeftMs === 0) return;
+    const until = monotonic() + Math.max(0, servingLeftMs);
+    this.servingUntil = Math.min(this.servingUntil ?? Infinity, until);
+  }
+
   /** True once a claim reached the owner ref (a restarted worker without its Secret has not). */
   get claimed(): boolean {
     return this.record !== undefined || this.lost !== undefined;
@@ -215,20 +230,20 @@ export class MountLease {
   /** What the mount owner needs: whether to serve, and until when. */
   state(): gitWorker.MountLease {
     if (this.lost) return { held: false, serveUntilUnixMs: 0, refusal: this.lostRefusal, message: this.lost };
+    // By this node's clock the mount stopped serving (its last renewal's time, or the mount owner's word before any): the report and the abnormal gauge say so before any renewal does.
+    if (!this.serving()) return { held: false, serveUntilUnixMs: 0, refusal: REFUSALS.expired, message: describeRefusal({ refuse: "expired", record: this.record }, this.holder) };
     // Never claimed here (a restarted worker waits for its Secret): the mount serves on the time it was last given.
     if (!this.record || this.servingUntil === undefined) {
       return { held: false, serveUntilUnixMs: 0, refusal: gitWorker.LeaseRefusal.LEASE_REFUSAL_NONE, message: "the lease is renewed once a publish brings the volume's credential" };
     }
-    // By this node's clock the mount stopped serving: the report and the abnormal gauge say so before any renewal does.
-    if (!this.serving()) return { held: false, serveUntilUnixMs: 0, refusal: REFUSALS.expired, message: describeRefusal({ refuse: "expired", record: this.record }, this.holder) };
     // The proto carries a wall time: the monotonic deadline read as one now, on the same node; the mount owner turns it into CLOCK_BOOTTIME as it receives it.
     return { held: true, serveUntilUnixMs: Math.floor(Date.now() + this.servingUntil - monotonic()), refusal: gitWorker.LeaseRefusal.LEASE_REFUSAL_NONE, message: "" };
   }
 
   /**
-   * Whether the mount may still serve. A lease that took no renewal yet is a
-   * restarted worker's, continuing an epoch whose mount owner still serves
-   * it: the mount owner renews only before its own deadline.
+   * Whether the mount may still serve. A lease that took no renewal and no
+   * word of the mount owner's serving time is a restarted worker's,
+   * continuing an epoch on the mount owner's word that it still serves.
    */
   private serving(): boolean {
     return this.servingUntil === undefined || monotonic() < this.servingUntil;
