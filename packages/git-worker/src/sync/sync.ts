@@ -2,7 +2,7 @@ import * as fs from "node:fs/promises";
 import * as path from "node:path";
 import watcher from "@parcel/watcher";
 import { formatDuration, orAbsent, parseClassParameters, Reason, Serial } from "@git-csi/config";
-import type { gitcsi, gitWorker } from "@git-csi/protos";
+import { type gitcsi, gitWorker } from "@git-csi/protos";
 import { VolumeCommitter } from "./commit";
 import type { MountLease, OnRemote } from "../lease/lease";
 import { VolumeCredential } from "../remote/publish-credential";
@@ -127,7 +127,8 @@ export class VolumeSync {
     this.credential.warnIfHostKeyUnverified();
     await this.committer.writeExcludes();
     await this.steps.run(() => this.ctx.onRepository(() => (reused ? this.upstream.reconcileAtStage(fetched) : this.upstream.replayMetadata())));
-    await this.steps.run(() => this.ctx.onRepository(() => this.adoptStranded()));
+    // A lost epoch's tree is stranded itself at the unstage: the next live stage brings in every stranded ref.
+    if (this.s.lease.state().refusal === gitWorker.LeaseRefusal.LEASE_REFUSAL_NONE) await this.steps.run(() => this.ctx.onRepository(() => this.adoptStranded()));
     await this.catchUpOnWrites();
     const treeDir = this.s.treeDir;
     this.subscription = await watcher.subscribe(treeDir, (err, events) => {

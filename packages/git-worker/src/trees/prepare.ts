@@ -64,7 +64,8 @@ function openAccess(deps: GitWorkerDeps, volumeId: string, secret: Record<string
 /**
  * ClaimMount: claim_mount of spec 000 for the prepared tree, before the
  * worker pushes anything for the volume; then the tree is watched, by a new
- * sync or by the one that already watches it. A refused claim watches nothing.
+ * sync or by the one that already watches it. A refused claim watches
+ * nothing, but for a continuing epoch's lost one (keepsTree).
  */
 export async function claimMount(deps: GitWorkerDeps, prepared: Prepared, instance: string, request: gitWorker.ClaimMountRequest): Promise<gitWorker.ClaimMountResponse> {
   const volumeId = required(request.volumeId, "volume_id");
@@ -74,12 +75,14 @@ export async function claimMount(deps: GitWorkerDeps, prepared: Prepared, instan
   prepared.delete(volumeId);
   const existing = deps.syncs.get(volumeId);
   try {
-    const { lease, outcome } = await claimFor(deps, ready, holder, existing);
+    const { lease, outcome } = await claimFor(deps, ready, holder, Number(request.mount?.servingLeftMs ?? 0), existing);
     const response = { workerInstance: instance, lease: outcome };
     if (!outcome.held && outcome.refusal !== gitWorker.LeaseRefusal.LEASE_REFUSAL_NONE) {
       deps.logger.warn(`the mount epoch does not hold the volume: ${outcome.message}`, { volume: volumeId, operation: "claim_mount", refusal: gitWorker.leaseRefusalToJSON(outcome.refusal) });
-      if (!existing) ready.access.close();
-      return response;
+      if (!keepsTree(holder, outcome)) {
+        if (!existing) ready.access.close();
+        return response;
+      }
     }
     await watch(deps, ready, existing, holder, lease);
     return response;
@@ -90,14 +93,35 @@ export async function claimMount(deps: GitWorkerDeps, prepared: Prepared, instan
 }
 
 /**
- * The same epoch again continues the lease the worker holds; anything else is
- * a fresh claim. A restarted worker without the Secret claims when the next
- * publish brings it; until then the lease is not renewed.
+ * A continuing epoch that lost the volume here (a restarted worker handed a
+ * mount whose serving time ran out, or one a successor took) still has its
+ * tree watched: the mount may have written to it, so the unstage's flush
+ * commits there and its release leaves the commits on a stranded ref, where
+ * the push the lost epoch may not make never lands them.
  */
-async function claimFor(deps: GitWorkerDeps, ready: PreparedVolume, holder: Holder, existing: VolumeSync | undefined): Promise<{ lease: MountLease; outcome: gitWorker.MountLease }> {
+function keepsTree(holder: Holder, outcome: gitWorker.MountLease): boolean {
+  return holder.continues && LOST.has(outcome.refusal);
+}
+
+const LOST = new Set([gitWorker.LeaseRefusal.LEASE_REFUSAL_EXPIRED, gitWorker.LeaseRefusal.LEASE_REFUSAL_SUPERSEDED, gitWorker.LeaseRefusal.LEASE_REFUSAL_RELEASED]);
+
+/**
+ * The same epoch again continues the lease the worker holds; anything else is
+ * a fresh claim. The mount owner's word on its serving time bounds the lease
+ * first. A restarted worker without the Secret claims when the next publish
+ * brings it; until then the lease is not renewed.
+ */
+async function claimFor(
+  deps: GitWorkerDeps,
+  ready: PreparedVolume,
+  holder: Holder,
+  servingLeftMs: number,
+  existing: VolumeSync | undefined,
+): Promise<{ lease: MountLease; outcome: gitWorker.MountLease }> {
   const { store } = deps;
   const { source, access } = ready;
   const lease = existing?.epoch === holder.epoch ? existing.mountLease : new MountLease(holder, (env = {}) => store.repo(source.url, { config: [], env }));
+  lease.servesAtMost(servingLeftMs);
   if (!access.hasCredential && ready.credentialExpected) return { lease, outcome: lease.state() };
   const viaAccess: OnRemote = (operation) => access.run((options) => operation(store.repo(source.url, options)));
   return { lease, outcome: await deps.perRepository.run(store.repoDir(source.url), () => lease.claim(viaAccess)) };
