@@ -116,6 +116,20 @@ export function servingDeadline(lease: gitWorker.MountLease): number {
   return servingClock() + Number(lease.serveUntilUnixMs) - Date.now();
 }
 
+/**
+ * How much longer the session's mount may serve, for a git worker that
+ * restarted (ClaimMount's serving_left_ms): a duration on servingClock(),
+ * never a time, rounded down; -1 when none is left or the epoch was lost; 0
+ * (unknown) without a session, as after this process restarted.
+ */
+export function servingLeft(session: LiveSession | undefined): number {
+  if (!session) return 0;
+  if (session.lost) return -1;
+  const left = session.serveUntil - servingClock();
+  if (!Number.isFinite(left)) return 0;
+  return left >= 1 ? Math.floor(left) : -1;
+}
+
 export function epochLost(volumeId: string, why: string): CsiError {
   return failedPrecondition(`volume ${volumeId}: the mount epoch no longer holds the volume (${why}); unstage it on this node, then stage it again`);
 }

@@ -146,8 +146,8 @@ export async function unstage(owner: Owner, request: mountOwner.UnstageVolumeReq
   if (remaining.length > 0) throw failedPrecondition(`volume ${volumeId} is still mounted at ${remaining.join(", ")}; its ownership stays until every mount is gone`);
   if (live) owner.sessions.end(volumeId);
   const epoch = live?.epoch ?? persisted?.epoch ?? "";
-  // A lost epoch pushes nothing: its commit stays in the node's tree, with or without the Secret.
-  if (record?.stagingPath !== undefined) await owner.link.commitBeforeLeaving(record, epoch, live?.lost ? undefined : live?.credential);
+  // A lost epoch pushes nothing: its commits go to a stranded ref, or stay in the node's tree, with or without the Secret.
+  if (record?.stagingPath !== undefined) await owner.link.commitBeforeLeaving(record, epoch, live);
   await owner.link.release(volumeId, epoch);
   await removeSession(stagingPath);
   await owner.state.recordUnstaged(volumeId);

@@ -3,7 +3,7 @@ import { connectivityState, status } from "@grpc/grpc-js";
 import { call, CsiError, type gitcsi, gitWorker, type mountOwner, unavailable } from "@git-csi/protos";
 import type { MountOwnerDeps } from "./context";
 import { renewEvery } from "./renewals";
-import { epochLost, type LiveSession, type MountSessions, withMaterial } from "./sessions";
+import { epochLost, type LiveSession, type MountSessions, servingLeft, withMaterial } from "./sessions";
 import type { VolumeRecord } from "./state";
 
 const WORKER_TIMEOUT_MS = 5 * 60_000;
@@ -38,8 +38,12 @@ export class WorkerLink {
     this.worker = deps.worker;
   }
 
-  /** PrepareTree, then ClaimMount for the epoch; `continues` when the epoch may have served already. */
-  async claim(record: VolumeRecord, epoch: string, credential: gitcsi.Credential | undefined, continues: boolean): Promise<ClaimedTree> {
+  /**
+   * PrepareTree, then ClaimMount for the epoch; `continues` when the epoch may
+   * have served already. `live`, the session this process serves the epoch
+   * with, tells the worker how much longer its mount may serve.
+   */
+  async claim(record: VolumeRecord, epoch: string, credential: gitcsi.Credential | undefined, continues: boolean, live?: LiveSession): Promise<ClaimedTree> {
     const tree = await call(
       this.worker.prepareTree.bind(this.worker),
       {
@@ -53,7 +57,8 @@ export class WorkerLink {
       },
       WORKER_TIMEOUT_MS,
     );
-    const mount = { node: this.deps.nodeId, epoch, accessMode: record.accessMode, leaseMs: this.deps.lease.durationMs, continues };
+    // Read last, just before the call: the worker's view of the serving time starts no earlier than the mount's.
+    const mount = { node: this.deps.nodeId, epoch, accessMode: record.accessMode, leaseMs: this.deps.lease.durationMs, continues, servingLeftMs: servingLeft(live) };
     const claimed = await call(this.worker.claimMount.bind(this.worker), { volumeId: record.volumeId, mount }, WORKER_TIMEOUT_MS);
     return { ...tree, ...claimed };
   }
@@ -97,16 +102,19 @@ export class WorkerLink {
   /**
    * The unstage answers only once every write the tree holds is in a commit:
    * pushed, or kept and reported as unpushed. A worker that restarted is
-   * handed the volume first. A commit that fails, or a worker that does not
-   * answer, fails the unstage, and the kubelet retries it.
+   * handed the volume first, with the serving time `live` has left: a lost
+   * epoch's commits are stranded, never pushed, and it gets no Secret. A
+   * commit that fails, or a worker that does not answer, fails the unstage,
+   * and the kubelet retries it.
    */
-  async commitBeforeLeaving(record: VolumeRecord, epoch: string, credential: gitcsi.Credential | undefined): Promise<void> {
+  async commitBeforeLeaving(record: VolumeRecord, epoch: string, live: LiveSession | undefined): Promise<void> {
     const { volumeId } = record;
+    const credential = live?.lost ? undefined : live?.credential;
     const flushNow = () => call(this.worker.flushVolume.bind(this.worker), { volumeId }, UNSTAGE_FLUSH_BUDGET_MS);
     try {
       const result = await flushNow().catch(async (err: CsiError) => {
         if (err.code !== status.NOT_FOUND || epoch === "") throw err;
-        await this.claim(record, epoch, credential, true);
+        await this.claim(record, epoch, credential, true, live);
         return flushNow();
       });
       this.logFlush(volumeId, result);
@@ -123,7 +131,7 @@ export class WorkerLink {
 
   /** The staged volume to a git worker that restarted: the same epoch continues its lease with the Secret kept for it, the events reach its pods. */
   async handOver(volumeId: string, live: LiveSession, record: VolumeRecord, credential?: gitcsi.Credential): Promise<void> {
-    const tree = await this.claim(record, live.epoch, credential, true);
+    const tree = await this.claim(record, live.epoch, credential, true, live);
     live.workerInstance = tree.workerInstance;
     this.sessions.applyLease(volumeId, live, tree.lease);
     await this.tellPods(volumeId, record.pods ?? {});
