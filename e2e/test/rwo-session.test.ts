@@ -8,7 +8,7 @@ import { after, before, describe, test } from "node:test";
 import { setTimeout as sleep } from "node:timers/promises";
 import { status } from "@grpc/grpc-js";
 import { call, csi, CsiError } from "@git-csi/protos";
-import { type Driver, mountsUnder, refused, run, sh, startDriver, volumeLogs, waitFor } from "../src/driver";
+import { type Driver, mountsUnder, refused, run, setVolumeClass, sh, startDriver, volumeLogs, waitFor } from "../src/driver";
 import { type GitServer, startGitDaemon } from "../src/git-server";
 
 // Spec 000's retry, restart and cleanup rules of the .rwo-session record and
@@ -435,6 +435,50 @@ describe("the .rwo-session record and the mount epoch: retries, expiry, cleanup,
     assert.equal(await sh(`cat '${stagingPath}/a.txt'`), "A\n");
     await unstage(volumeId);
   });
+
+  test(
+    "a git worker restarted after its mount stopped serving is told so: the epoch is not renewed, and the mount's writes wait on a stranded ref until the next stage lands them",
+    { timeout: 90_000 },
+    async () => {
+      const repo = "worker-restart-expired.git";
+      const volumeId = "rwo-worker-restart-expired";
+      await freshVolume(repo, volumeId);
+      await stage(volumeId, repo);
+      // Armed, but nothing is committed before the pod stops.
+      await setVolumeClass(driver, volumeId, { "push.quiesce": "1h", "push.maxLatency": "2h" });
+      const target = await publish(volumeId, repo);
+      const staged = await session(volumeId);
+      await sh(`echo late > '${target}/late.txt'`);
+
+      // Renewals stop (the git worker is frozen) until the mount stops serving; then that worker dies.
+      const worker = await driver.pid("git-worker");
+      await freeze("git-worker");
+      await waitFor("the mount to refuse with EIO", () => eio(`cat '${target}/a.txt'`), 20_000);
+      process.kill(worker, "SIGKILL");
+      stopped.delete(worker);
+      await waitFor("a new git worker", async () => (await driver.pid("git-worker").catch(() => worker)) !== worker);
+      await waitFor("Probe ready", async () => (await call(driver.identity.probe.bind(driver.identity), {}, 1000)).ready);
+      // Nobody took the volume: the record still names the epoch, and only the mount owner knows its mount stopped serving.
+      sameEpoch((await ownerRecord(repo, volumeId))?.epoch, staged.epoch, "the owner ref still names the lost epoch");
+
+      // The unstage hands the new worker the volume, with no serving time left: it commits the write but neither renews nor pushes.
+      await unpublish(volumeId);
+      await unstage(volumeId);
+      assert.match(volumeLogs(driver, volumeId), /"operation":"claim_mount"[^\n]*ran out unrenewed|ran out unrenewed[^\n]*"operation":"claim_mount"/);
+      await assert.rejects(server.git(repo, "show", "main:late.txt"), "the lost epoch's write did not reach main");
+      const stranded = (await server.git(repo, "for-each-ref", "--format=%(refname)", `refs/git-csi/stranded/${volumeId}/`)).split("\n").filter(Boolean);
+      assert.equal(stranded.length, 1, "one stranded ref");
+      assert.equal(await server.git(repo, "show", `${stranded[0]}:late.txt`), "late");
+      assert.ok(!driver.logs().includes(staged.epoch), "the epoch is never logged");
+
+      // The next stage, with a new epoch, rebases the stranded commit onto the tree; its pod's stop lands it.
+      await stage(volumeId, repo);
+      otherEpoch((await session(volumeId)).epoch, staged.epoch, "the stage after unstage has a new epoch");
+      await setVolumeClass(driver, volumeId, { "push.quiesce": "1h", "push.maxLatency": "2h" });
+      await unstage(volumeId);
+      assert.equal(await server.git(repo, "show", "main:late.txt"), "late");
+    },
+  );
 
   test(
     "the access mode is bound into the node's volume record: a volume staged ReadWriteOncePod is refused as ReadWriteOnce before service, even when the remote has no owner record",
