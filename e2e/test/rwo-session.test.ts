@@ -21,6 +21,8 @@ const RWOP = Mode.SINGLE_NODE_SINGLE_WRITER;
 const LEASE = { duration: "6s", renewInterval: "2s" };
 const LEASE_RENEW_MS = 2000;
 const T = 60_000;
+/** A class that commits and pushes nothing before the pod stops. */
+const UNTIL_POD_STOPS = { "push.quiesce": "1h", "push.maxLatency": "2h" };
 
 /** Owner record fields, as the git worker's formatRecord writes them. */
 type OwnerFields = Record<string, string>;
@@ -444,8 +446,7 @@ describe("the .rwo-session record and the mount epoch: retries, expiry, cleanup,
       const volumeId = "rwo-worker-restart-expired";
       await freshVolume(repo, volumeId);
       await stage(volumeId, repo);
-      // Armed, but nothing is committed before the pod stops.
-      await setVolumeClass(driver, volumeId, { "push.quiesce": "1h", "push.maxLatency": "2h" });
+      await setVolumeClass(driver, volumeId, UNTIL_POD_STOPS);
       const target = await publish(volumeId, repo);
       const staged = await session(volumeId);
       await sh(`echo late > '${target}/late.txt'`);
@@ -474,7 +475,7 @@ describe("the .rwo-session record and the mount epoch: retries, expiry, cleanup,
       // The next stage, with a new epoch, rebases the stranded commit onto the tree; its pod's stop lands it.
       await stage(volumeId, repo);
       otherEpoch((await session(volumeId)).epoch, staged.epoch, "the stage after unstage has a new epoch");
-      await setVolumeClass(driver, volumeId, { "push.quiesce": "1h", "push.maxLatency": "2h" });
+      await setVolumeClass(driver, volumeId, UNTIL_POD_STOPS);
       await unstage(volumeId);
       assert.equal(await server.git(repo, "show", "main:late.txt"), "late");
     },
