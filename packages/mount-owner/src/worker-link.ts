@@ -57,7 +57,7 @@ export class WorkerLink {
       },
       WORKER_TIMEOUT_MS,
     );
-    // Read last, just before the call: the worker's view of the serving time starts no earlier than the mount's.
+    // Read after PrepareTree, just before the call: the worker's end comes after the mount's by the call's transit alone.
     const mount = { node: this.deps.nodeId, epoch, accessMode: record.accessMode, leaseMs: this.deps.lease.durationMs, continues, servingLeftMs: servingLeft(live) };
     const claimed = await call(this.worker.claimMount.bind(this.worker), { volumeId: record.volumeId, mount }, WORKER_TIMEOUT_MS);
     return { ...tree, ...claimed };

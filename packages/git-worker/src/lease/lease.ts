@@ -213,8 +213,9 @@ export class MountLease {
    * serving_left_ms): the lease never serves past it, and an epoch with none
    * left is expired, so its next claim or renewal is refused rather than
    * written. 0 is unknown and changes nothing. A restarted worker knows the
-   * epoch's serving time from nothing else; the mount owner read it a moment
-   * before it arrived, so it comes no earlier than the mount's own end.
+   * epoch's serving time from nothing else. The mount owner read it just
+   * before the call, so this end comes after the mount's by the call's
+   * transit: the mount's own fence, on CLOCK_BOOTTIME, stops the mount.
    */
   servesAtMost(servingLeftMs: number): void {
     if (servingLeftMs === 0) return;
