@@ -340,6 +340,31 @@ function dataClaim(namespace: string, accessMode: string): object {
   return { apiVersion: "v1", kind: "PersistentVolumeClaim", metadata: { name: "data", namespace }, spec };
 }
 
+/**
+ * The repository `<namespace>.git` as the static PersistentVolume `<namespace>-data`, its claim
+ * `data`, bound and armed by the class `<namespace>-eager`, which pushes within 5 s.
+ */
+async function eagerVolume(namespace: string, accessMode: string, secretRef: { name: string; namespace: string }): Promise<void> {
+  const klass = {
+    apiVersion: "storage.k8s.io/v1",
+    kind: "VolumeAttributesClass",
+    metadata: { name: `${namespace}-eager` },
+    driverName: "git.liken.sh",
+    parameters: { "push.quiesce": "1s", "push.maxLatency": "5s" },
+  };
+  const csi = {
+    driver: "git.liken.sh",
+    volumeHandle: `${namespace}-data`,
+    volumeAttributes: { url: git.url(`${namespace}.git`), ref: "main" },
+    nodeStageSecretRef: secretRef,
+    nodePublishSecretRef: secretRef,
+  };
+  const spec = { capacity: { storage: "1Gi" }, accessModes: [accessMode], persistentVolumeReclaimPolicy: "Retain", csi };
+  const volume = { apiVersion: "v1", kind: "PersistentVolume", metadata: { name: `${namespace}-data` }, spec };
+  await apply(JSON.stringify({ apiVersion: "v1", kind: "List", items: [klass, volume, dataClaim(namespace, accessMode)] }));
+  await bindAndArm(namespace);
+}
+
 /** Waits for the claim `data` to bind, then arms it with the class `<namespace>-eager`, as a user does. */
 async function bindAndArm(namespace: string): Promise<void> {
   await waitFor("the claim Bound", async () => (await kubectl("get", "pvc", "data", "-n", namespace, "-o", "jsonpath={.status.phase}")) === "Bound");
@@ -364,28 +389,7 @@ const nodeLines = (text: string | undefined, node: string) => (text ?? "").split
 
 test("ReadWriteOnce across two nodes: node 1 is lost, node 2 takes the volume after the lease, node 1 back lands nothing", async () => {
   const secretRef = await repositoryWithKey("rwo");
-  await apply(
-    JSON.stringify({
-      apiVersion: "v1",
-      kind: "List",
-      items: [
-        { apiVersion: "storage.k8s.io/v1", kind: "VolumeAttributesClass", metadata: { name: "rwo-eager" }, driverName: "git.liken.sh", parameters: { "push.quiesce": "1s", "push.maxLatency": "5s" } },
-        {
-          apiVersion: "v1",
-          kind: "PersistentVolume",
-          metadata: { name: "rwo-data" },
-          spec: {
-            capacity: { storage: "1Gi" },
-            accessModes: ["ReadWriteOnce"],
-            persistentVolumeReclaimPolicy: "Retain",
-            csi: { driver: "git.liken.sh", volumeHandle: "rwo-data", volumeAttributes: { url: git.url("rwo.git"), ref: "main" }, nodeStageSecretRef: secretRef, nodePublishSecretRef: secretRef },
-          },
-        },
-        dataClaim("rwo", "ReadWriteOnce"),
-      ],
-    }),
-  );
-  await bindAndArm("rwo");
+  await eagerVolume("rwo", "ReadWriteOnce", secretRef);
   await apply(rwoPod("writer-1", "node1"));
   await kubectl("wait", "--for=condition=Ready", "pod/writer-1", "-n", "rwo", "--timeout=180s");
   assert.equal((await rwoSessions(cluster!.nodes.find((n) => n.name === "node1")!.dir)).length, 1, "node 1's stage wrote its .rwo-session");
@@ -619,28 +623,7 @@ test("the forge away for three minutes: the volume condition turns abnormal, the
       },
     },
   };
-  await apply(
-    JSON.stringify({
-      apiVersion: "v1",
-      kind: "List",
-      items: [
-        { apiVersion: "storage.k8s.io/v1", kind: "VolumeAttributesClass", metadata: { name: "away-eager" }, driverName: "git.liken.sh", parameters: { "push.quiesce": "1s", "push.maxLatency": "5s" } },
-        {
-          apiVersion: "v1",
-          kind: "PersistentVolume",
-          metadata: { name: "away-data" },
-          spec: {
-            capacity: { storage: "1Gi" },
-            accessModes: ["ReadWriteOncePod"],
-            persistentVolumeReclaimPolicy: "Retain",
-            csi: { driver: "git.liken.sh", volumeHandle: "away-data", volumeAttributes: { url: git.url("away.git"), ref: "main" }, nodeStageSecretRef: secretRef, nodePublishSecretRef: secretRef },
-          },
-        },
-        dataClaim("away", "ReadWriteOncePod"),
-      ],
-    }),
-  );
-  await bindAndArm("away");
+  await eagerVolume("away", "ReadWriteOncePod", secretRef);
   await apply(JSON.stringify(deployment));
   await kubectl("rollout", "status", "deployment/writer", "-n", "away", "--timeout=180s");
   const first = (await kubectl("get", "pods", "-n", "away", "-l", "app=writer", "-o", "jsonpath={.items[0].metadata.name}")).trim();
