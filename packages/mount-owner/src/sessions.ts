@@ -131,5 +131,8 @@ export function servingLeft(session: LiveSession | undefined): number {
 }
 
 export function epochLost(volumeId: string, why: string): CsiError {
-  return failedPrecondition(`volume ${volumeId}: the mount epoch no longer holds the volume (${why}); unstage it on this node, then stage it again`);
+  // The kubelet unstages only once no pod on the node wants the volume: a pod started again on this node waits on the same stage.
+  return failedPrecondition(
+    `volume ${volumeId}: the mount epoch no longer holds the volume (${why}); unstage it on this node, then stage it again: stop every pod on this node that uses it (scale its workload to zero) until the volume is unstaged, then start them again`,
+  );
 }
