@@ -370,10 +370,14 @@ async function bindAndArm(namespace: string): Promise<void> {
   await kubectl("patch", "pvc", "data", "-n", namespace, "-p", JSON.stringify({ spec: { volumeAttributesClassName: `${namespace}-eager` } }));
 }
 
-/** The .rwo-session records beside a node's staging directories: one per staged RWO volume, removed at unstage. */
-async function rwoSessions(nodeDir: string): Promise<string[]> {
-  const entries = await fs.readdir(path.join(nodeDir, "kubelet", "plugins"), { recursive: true });
-  return entries.filter((e) => e.endsWith(".rwo-session"));
+/** A volume's .rwo-session records beside a node's staging directories: one while it is staged there, none once it is unstaged. */
+async function rwoSessions(nodeDir: string, volumeId: string): Promise<string[]> {
+  const plugins = path.join(nodeDir, "kubelet", "plugins");
+  const records = (await fs.readdir(plugins, { recursive: true })).filter((e) => e.endsWith(".rwo-session"));
+  // Another volume's record may go while it is read: its unstage.
+  const read = (r: string) => fs.readFile(path.join(plugins, r), "utf8").catch((err: NodeJS.ErrnoException) => (err.code === "ENOENT" ? "{}" : Promise.reject(err)));
+  const volumes = await Promise.all(records.map(async (r) => (JSON.parse(await read(r)) as { volumeId?: string }).volumeId));
+  return records.filter((_, i) => volumes[i] === volumeId);
 }
 
 /** A pod that writes its name to a file of the claim named after it (at subPath, when given), then waits. */
@@ -391,7 +395,7 @@ test("ReadWriteOnce across two nodes: node 1 is lost, node 2 takes the volume af
   await eagerVolume("rwo", "ReadWriteOnce", secretRef);
   await apply(rwoPod("writer-1", "node1"));
   await kubectl("wait", "--for=condition=Ready", "pod/writer-1", "-n", "rwo", "--timeout=180s");
-  assert.equal((await rwoSessions(cluster!.nodes.find((n) => n.name === "node1")!.dir)).length, 1, "node 1's stage wrote its .rwo-session");
+  assert.equal((await rwoSessions(cluster!.nodes.find((n) => n.name === "node1")!.dir, "rwo-data")).length, 1, "node 1's stage wrote its .rwo-session");
   await waitFor("node 1's writes pushed", async () => nodeLines(await remoteFile("rwo.git", "writes.txt"), "node1").length >= 2, 60_000);
 
   // Node 1 is lost: its kubelet, containerd and pods stop where they are.
@@ -432,7 +436,7 @@ test("ReadWriteOnce across two nodes: node 1 is lost, node 2 takes the volume af
     /the mount epoch lost the volume \((the mount epoch of volume rwo-data on node node1 was taken over by node node2|the lease of the mount epoch of volume rwo-data on node node1 ran out unrenewed)/,
   );
   // And unstages the volume the kubelet no longer has a pod for (its .rwo-session goes last): what it committed goes to a stranded ref, never to main.
-  await waitFor("node 1's unstage", async () => (await rwoSessions(node1.dir)).length === 0, 120_000);
+  await waitFor("node 1's unstage", async () => (await rwoSessions(node1.dir, "rwo-data")).length === 0, 120_000);
   const final = await remoteFile("rwo.git", "writes.txt");
   assert.deepEqual(nodeLines(final, "node1"), atLoss, "no write of node 1 after its loss reached the remote");
   assert.ok(nodeLines(final, "node2").length > nodeLines(taken, "node2").length, "node 2 still writes");
