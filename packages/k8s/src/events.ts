@@ -51,8 +51,8 @@ interface Bucket {
 /**
  * Posts core/v1 Events as client-go's recorder does: one at a time, an identical event within
  * 10 minutes as a count on the first, and a token bucket per object and reason so a busy
- * volume cannot flood the API server, and one reason's flood silences no other. A post the API server does not answer, or answers with 429 or 5xx, is
- * tried again after 1, 2 and 4 s. record() never throws and never waits; an event that is not
+ * volume cannot flood the API server, and one reason's flood silences no other. A post the
+ * API server does not answer, or answers with 429 or 5xx, is tried again after 1, 2 and 4 s. record() never throws and never waits; an event that is not
  * posted is logged and counted in dropped().
  */
 export class EventRecorder {
