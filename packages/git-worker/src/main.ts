@@ -107,7 +107,7 @@ async function main(): Promise<void> {
     ownerRefRetentionMs: durationFlag(flags, "owner-ref-retention"),
     strand: {
       staged: (volumeId) => syncs.has(volumeId) || unstaging.has(volumeId),
-      anonymous: (url) => (operation) => anonymous.run((options) => operation(store.repo(url, options))),
+      anonymous: (url) => store.through(url, anonymous),
       events,
     },
   });

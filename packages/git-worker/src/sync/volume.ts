@@ -151,7 +151,7 @@ export class VolumeState {
 
   /** Runs a git command against the remote with the volume's credential. */
   remote<T>(operation: (repo: SimpleGit) => Promise<T>): Promise<T> {
-    return this.access.run((options) => operation(this.ctx.store.repo(this.ctx.source.url, options)));
+    return this.ctx.store.through(this.ctx.source.url, this.access)(operation);
   }
 
   /** A push of the volume with the owner ref's renewal: it lands only while the epoch holds the volume. `sends`: the changes it sends. */

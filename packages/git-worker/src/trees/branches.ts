@@ -82,7 +82,7 @@ async function onRemote<T>(deps: GitWorkerDeps, volumeId: string, source: gitcsi
   try {
     return await deps.perRepository.run(deps.store.repoDir(source.url), async () => {
       await deps.store.ensureRepo(source.url);
-      return access.run((options) => work(deps.store.repo(source.url, options)));
+      return deps.store.through(source.url, access)(work);
     });
   } finally {
     access.close();

@@ -3,7 +3,7 @@ import { RemoteAccess } from "../remote/access";
 import { fingerprint, parseCredential } from "../remote/credential";
 import { rememberSource } from "./gc";
 import { rememberStage } from "./strand-kept";
-import { MountLease, type OnRemote } from "../lease/lease";
+import { MountLease } from "../lease/lease";
 import type { Holder } from "../lease/ownership";
 import type { GitWorkerDeps } from "../service";
 import { type PreparedTree, prepareTree } from "./stage";
@@ -123,8 +123,7 @@ async function claimFor(
   const lease = existing?.epoch === holder.epoch ? existing.mountLease : new MountLease(holder, (env = {}) => store.repo(source.url, { config: [], env }));
   lease.servesAtMost(servingLeftMs);
   if (!access.hasCredential && ready.credentialExpected) return { lease, outcome: lease.state() };
-  const viaAccess: OnRemote = (operation) => access.run((options) => operation(store.repo(source.url, options)));
-  return { lease, outcome: await deps.perRepository.run(store.repoDir(source.url), () => lease.claim(viaAccess)) };
+  return { lease, outcome: await deps.perRepository.run(store.repoDir(source.url), () => lease.claim(store.through(source.url, access))) };
 }
 
 /** The sync that watches the tree: the existing one takes the lease, or a new one starts. */

@@ -4,7 +4,8 @@ import * as path from "node:path";
 import type { SimpleGit } from "simple-git";
 import { BRANCH_RULE, branchOf, remoteUrlProblem } from "@git-csi/config";
 import { failedPrecondition, invalidArgument } from "@git-csi/protos";
-import type { RemoteOptions } from "../remote/access";
+import type { RemoteAccess, RemoteOptions } from "../remote/access";
+import type { OnRemote } from "../lease/lease";
 import { gitIn, type GitSetting, runGit } from "../remote/git";
 import { ListingCache } from "../metadata/plumbing";
 
@@ -38,6 +39,11 @@ export class Store {
   /** git in the bare repository; with remote options, for a command that talks to the remote. */
   repo(url: string, remote: RemoteOptions = { config: [], env: {} }): SimpleGit {
     return gitAt(this.repoDir(url), { GIT_DIR: this.repoDir(url), ...remote.env }, remote.config);
+  }
+
+  /** git in the URL's bare repository, each operation on the remote with `access`'s credential. */
+  through(url: string, access: RemoteAccess): OnRemote {
+    return (operation) => access.run((options) => operation(this.repo(url, options)));
   }
 
   socketDir(): string {
