@@ -1,9 +1,10 @@
 import * as fs from "node:fs/promises";
-import { failedPrecondition, gitcsi, type mountOwner, required } from "@git-csi/protos";
+import { type CsiError, failedPrecondition, gitcsi, type mountOwner, required } from "@git-csi/protos";
 import type { Owner } from "./context";
 import { bindMount, isMountPoint, unmountAll } from "./mounts";
-import { epochLost } from "./sessions";
-import { checkGroup, checkMode } from "./state";
+import { epochLost, type LiveSession, withMaterial } from "./sessions";
+import { stageAgain, unpublishedStage } from "./stage";
+import { checkGroup, checkMode, type VolumeRecord } from "./state";
 
 /**
  * NodePublishVolume: the staged mount bound into the pod's target. The
@@ -14,10 +15,7 @@ import { checkGroup, checkMode } from "./state";
 export async function publish(owner: Owner, request: mountOwner.PublishVolumeRequest, volumeId: string): Promise<mountOwner.PublishVolumeResponse> {
   const stagingPath = required(request.stagingPath, "staging_target_path");
   const targetPath = required(request.targetPath, "target_path");
-  const record = await owner.state.volume(volumeId);
-  const live = owner.sessions.get(volumeId);
-  if (!record || !live || live.stagingPath !== stagingPath) throw failedPrecondition(`volume ${volumeId} is not staged at ${stagingPath}; stage it before publishing`);
-  if (live.lost) throw epochLost(volumeId, live.lost);
+  const { record, live } = await servingStage(owner, request, volumeId);
   checkMode(record, request.accessMode);
   checkGroup(record, request.volumeMountGroup);
   const others = record.targets.filter((t) => t !== targetPath);
@@ -38,6 +36,30 @@ export async function publish(owner: Owner, request: mountOwner.PublishVolumeReq
   await owner.state.recordPublished(volumeId, targetPath, pods);
   owner.logger.info("published", { volume: volumeId, operation: "publish", target: targetPath, pod: request.pod ? `${request.pod.namespace}/${request.pod.name}` : undefined });
   return {};
+}
+
+/**
+ * The stage a publish binds from, with the record it was staged by. A stage
+ * whose epoch was lost, or that a restarted mount owner did not resume, is
+ * staged again in place when no pod uses it; otherwise the publish is refused.
+ */
+async function servingStage(owner: Owner, request: mountOwner.PublishVolumeRequest, volumeId: string): Promise<{ record: VolumeRecord; live: LiveSession }> {
+  const { stagingPath, targetPath } = request;
+  const record = await owner.state.volume(volumeId);
+  const live = owner.sessions.get(volumeId);
+  if (record && live && live.stagingPath === stagingPath && !live.lost) return { record, live };
+  const sameStage = record && (record.stagingPath === stagingPath || record.stagingPath === undefined);
+  if (!sameStage || (live && live.stagingPath !== stagingPath)) throw notStaged(volumeId, stagingPath);
+  if (!(await unpublishedStage(owner, record, stagingPath, targetPath))) throw live?.lost ? epochLost(volumeId, live.lost, "publish") : notStaged(volumeId, stagingPath);
+  await stageAgain(owner, { ...record, volumeMountGroup: request.volumeMountGroup || record.volumeMountGroup }, stagingPath, withMaterial(request.credential) ?? live?.credential);
+  const staged = await owner.state.volume(volumeId);
+  const again = owner.sessions.get(volumeId);
+  if (!staged || !again) throw notStaged(volumeId, stagingPath);
+  return { record: staged, live: again };
+}
+
+function notStaged(volumeId: string, stagingPath: string): CsiError {
+  return failedPrecondition(`volume ${volumeId} is not staged at ${stagingPath}; stage it before publishing`);
 }
 
 /** NodeUnpublishVolume: the target unmounted and gone; the last pod's stop pushes what the tree holds. */

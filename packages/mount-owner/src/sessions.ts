@@ -130,9 +130,13 @@ export function servingLeft(session: LiveSession | undefined): number {
   return left >= 1 ? Math.floor(left) : -1;
 }
 
-export function epochLost(volumeId: string, why: string): CsiError {
-  // The kubelet unstages only once no pod on the node wants the volume: a pod started again on this node waits on the same stage.
-  return failedPrecondition(
-    `volume ${volumeId}: the mount epoch no longer holds the volume (${why}); unstage it on this node, then stage it again: stop every pod on this node that uses it (scale its workload to zero) until the volume is unstaged, then start them again`,
-  );
+/** What the operator does about a lost epoch, by the call that found it. */
+const AFTER_LOSS = {
+  // The kubelet unstages only once no pod on the node wants the volume; the next publish with no pod on the stage stages it again.
+  publish: "another pod on this node still uses its stage: delete the pods on this node that use it, and the next pod's publish stages it again with a new epoch",
+  stage: "unstage it on this node, then stage it again",
+} as const;
+
+export function epochLost(volumeId: string, why: string, call: keyof typeof AFTER_LOSS): CsiError {
+  return failedPrecondition(`volume ${volumeId}: the mount epoch no longer holds the volume (${why}); ${AFTER_LOSS[call]}`);
 }

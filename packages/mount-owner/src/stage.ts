@@ -40,7 +40,7 @@ export async function stage(owner: Owner, request: mountOwner.StageVolumeRequest
 /** A retry of a stage this process serves: the same staging path, an epoch that still holds the volume. */
 async function continueStaged(volumeId: string, stagingPath: string, live: LiveSession, previous: SessionRecord | undefined): Promise<mountOwner.StageVolumeResponse> {
   if (live.stagingPath !== stagingPath) throw failedPrecondition(`volume ${volumeId} is staged at ${live.stagingPath} already; unstage it there first`);
-  if (live.lost) throw epochLost(volumeId, live.lost);
+  if (live.lost) throw epochLost(volumeId, live.lost, "stage");
   // A retry after the completed flag failed to write: still durable before success.
   if (previous && !previous.completed) await writeSession(stagingPath, { ...previous, completed: true });
   return {};
@@ -138,6 +138,13 @@ export async function unstage(owner: Owner, request: mountOwner.UnstageVolumeReq
     owner.logger.warn(`the unstage does not use the session record: ${err.message}`, { volume: volumeId, operation: "unstage" });
     return undefined;
   });
+  await leaveStage(owner, volumeId, stagingPath, record, persisted);
+  owner.logger.info("unstaged", { volume: volumeId, operation: "unstage" });
+  return {};
+}
+
+/** The stage's mount gone, its writes committed (pushed, or stranded for a lost epoch), its epoch released and its session record removed. */
+async function leaveStage(owner: Owner, volumeId: string, stagingPath: string, record: VolumeRecord | undefined, persisted: SessionRecord | undefined): Promise<void> {
   const live = owner.sessions.get(volumeId);
   await live?.mount.unmount();
   await unmountAll(stagingPath);
@@ -151,6 +158,32 @@ export async function unstage(owner: Owner, request: mountOwner.UnstageVolumeReq
   await owner.link.release(volumeId, epoch);
   await removeSession(stagingPath);
   await owner.state.recordUnstaged(volumeId);
-  owner.logger.info("unstaged", { volume: volumeId, operation: "unstage" });
-  return {};
+}
+
+/**
+ * The kubelet unstages a volume only once no pod on the node wants it, so a
+ * pod started again on this node after the epoch was lost publishes onto
+ * the dead stage. When no pod uses that stage, it is left and staged again
+ * in place: a fresh epoch on the kept tree, which carries the lost epoch's
+ * commits. A claim the remote refuses fails the publish, and the kubelet's
+ * retry stages again.
+ */
+export async function stageAgain(owner: Owner, record: VolumeRecord, stagingPath: string, credential: gitcsi.Credential | undefined): Promise<void> {
+  const volumeId = record.volumeId;
+  const persisted = await readSession(stagingPath, { volumeId, node: owner.deps.nodeId });
+  // A pending session (a stage again the remote refused) is continued by the stage, not left.
+  if (owner.sessions.has(volumeId) || persisted?.completed) {
+    owner.logger.warn("the volume's mount epoch was lost and no pod uses its stage: staging it again in place for the new pod", { volume: volumeId, operation: "stage_again" });
+    await leaveStage(owner, volumeId, stagingPath, record, persisted);
+  }
+  const request = { volumeId, stagingPath, source: record.source, accessMode: record.accessMode, credential, volumeMountGroup: record.volumeMountGroup ?? "" };
+  await stage(owner, request, volumeId);
+}
+
+/** A stage a publish may stage again: not awaiting a resume, published at no other target, and no kernel mount of the volume but the stage's own. */
+export async function unpublishedStage(owner: Owner, record: VolumeRecord, stagingPath: string, targetPath: string): Promise<boolean> {
+  if (owner.sessions.awaitsResume(record.volumeId)) return false;
+  if (record.targets.some((t) => t !== targetPath)) return false;
+  const mounts = await mountsOf(record.volumeId, stagingPath);
+  return mounts.every((m) => m === stagingPath);
 }

@@ -153,7 +153,7 @@ export class WorkerLink {
     });
     live.credential = withMaterial(credential) ?? live.credential;
     this.sessions.applyLease(volumeId, live, lease);
-    if (live.lost) throw epochLost(volumeId, live.lost);
+    if (live.lost) throw epochLost(volumeId, live.lost, "publish");
   }
 
   /** Arms or unarms a staged volume at once. */

@@ -191,7 +191,7 @@ export function describeRefusal(refused: Refused, holder: Holder): string {
     case "superseded":
       return `the mount epoch of volume ${holder.volumeId} on node ${holder.node} was taken over by ${owner}; this node's mount serves nothing more. Delete the pod on ${holder.node} so the volume is unpublished and unstaged here`;
     case "expired":
-      return `the lease of the mount epoch of volume ${holder.volumeId} on node ${holder.node} ran out unrenewed: no renewal landed within its serving time, by this node's clock; an expired epoch never renews. Unpublish and unstage the volume (delete the pod), then stage it again`;
+      return `the lease of the mount epoch of volume ${holder.volumeId} on node ${holder.node} ran out unrenewed: no renewal landed within its serving time, by this node's clock; an expired epoch never renews. Delete the pod: once no pod on the node uses the mount, the volume is unstaged, or staged again with a new epoch by the next pod's publish on this node`;
     case "released":
       return `the mount epoch of volume ${holder.volumeId} on node ${holder.node} was released; stage the volume again for a new epoch`;
     case "access_mode":
