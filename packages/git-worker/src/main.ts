@@ -11,7 +11,7 @@ import { recoverFromKill } from "./trees/recover";
 import { CredentialBroker } from "./remote/broker";
 import type { CollectionPolicy } from "./trees/collect-remote";
 import { collectGarbage } from "./trees/gc";
-import { gitWorkerService, type Syncs } from "./service";
+import { type GitWorkerDeps, gitWorkerService, type Syncs } from "./service";
 import { Store } from "./trees/store";
 import { checkRelay, logGitTo } from "./remote/git";
 
@@ -37,13 +37,16 @@ function reachThrough(syncs: Syncs): CollectionPolicy["reach"] {
   };
 }
 
-/** A sync sends at most the dirty pages of one mount to disk. */
-const SYNC_MOUNT_TIMEOUT_MS = 60_000;
+/** A sync sends at most the dirty pages of one mount to disk; an invalidation tells the kernel of each inode it holds. */
+const MOUNT_CALL_TIMEOUT_MS = 60_000;
 
-/** SyncMount on the mount owner, dialled once: its connection comes back by itself after a restart. */
-function mountSyncer(endpoint: string): (volumeId: string) => Promise<boolean> {
+/** SyncMount and InvalidateMount on the mount owner, dialled once: its connection comes back by itself after a restart. */
+function mountLink(endpoint: string): Pick<GitWorkerDeps, "syncMount" | "invalidateMount"> {
   const owner = dialUnix(mountOwner.MountOwnerClient, endpoint);
-  return async (volumeId) => (await call(owner.syncMount.bind(owner), { volumeId }, SYNC_MOUNT_TIMEOUT_MS)).mounted;
+  return {
+    syncMount: async (volumeId) => (await call(owner.syncMount.bind(owner), { volumeId }, MOUNT_CALL_TIMEOUT_MS)).mounted,
+    invalidateMount: async (volumeId) => (await call(owner.invalidateMount.bind(owner), { volumeId }, MOUNT_CALL_TIMEOUT_MS)).mounted,
+  };
 }
 
 async function main(): Promise<void> {
@@ -111,10 +114,10 @@ async function main(): Promise<void> {
       events,
     },
   });
-  const syncMount = mountSyncer(flags["mount-owner"] || `unix://${path.join(store.socketDir(), "mount-owner.sock")}`);
+  const mount = mountLink(flags["mount-owner"] || `unix://${path.join(store.socketDir(), "mount-owner.sock")}`);
   const gcTimer = setInterval(() => void collect(), durationFlag(flags, "gc-interval"));
   const server = await serveUnix(flags.listen!, [
-    { definition: gitWorker.GitWorkerService, implementation: gitWorkerService({ store, syncs, unstaging, broker, metrics, logger, perRepository, collect, events, pods, syncMount }) },
+    { definition: gitWorker.GitWorkerService, implementation: gitWorkerService({ store, syncs, unstaging, broker, metrics, logger, perRepository, collect, events, pods, ...mount }) },
   ]);
   let listener: http.Server | undefined;
   if (flags["metrics-address"]) {

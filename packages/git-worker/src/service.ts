@@ -37,6 +37,8 @@ export interface GitWorkerDeps {
   pods?: PodDeleter;
   /** Asks the mount owner to send the kernel's pages of the volume's mount to its tree; false when it serves no mount of it. */
   syncMount(volumeId: string): Promise<boolean>;
+  /** Asks the mount owner to make the kernel forget what it cached of the volume's mount: its tree moved. */
+  invalidateMount(volumeId: string): Promise<boolean>;
 }
 
 export function gitWorkerService(deps: GitWorkerDeps): gitWorker.GitWorkerServer {

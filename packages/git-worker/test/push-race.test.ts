@@ -55,6 +55,7 @@ async function stage(t: TestContext, remote: ServedRemote, id: string, branch: s
     collect: async () => undefined,
     // The test writes to the tree itself: no mount serves it.
     syncMount: async () => false,
+    invalidateMount: async () => false,
   };
   const prepared: Prepared = new Map();
   // Timers far off: only flush() commits and pushes.

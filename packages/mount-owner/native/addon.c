@@ -41,6 +41,7 @@ static void volume_free(struct volume *v)
 	pthread_mutex_destroy(&v->flush_lock);
 	pthread_mutex_destroy(&v->sync_lock);
 	pthread_mutex_destroy(&v->life);
+	pthread_cond_destroy(&v->invalidated);
 	free(v->mountpoint);
 	free(v);
 }
@@ -205,6 +206,7 @@ static struct volume *volume_new(napi_env env, napi_value mountpoint, napi_value
 	atomic_init(&v->serve_until_ms, ms_arg(env, serve_until));
 	atomic_init(&v->refs, 1);
 	pthread_mutex_init(&v->life, NULL);
+	pthread_cond_init(&v->invalidated, NULL);
 	pthread_mutex_init(&v->flush_lock, NULL);
 	pthread_cond_init(&v->flush_wake, NULL);
 	pthread_mutex_init(&v->sync_lock, NULL);
@@ -276,6 +278,7 @@ static napi_value start(napi_env env, napi_callback_info info, bool resume)
 	if (v == NULL)
 		return throw_errno(env, ENOMEM, "mount");
 	v->resumed = resume;
+	v->stale_ids = resume;
 	char *backing = string_arg(env, argv[1]);
 	char *fsname = string_arg(env, argv[2]);
 	int err = backing == NULL || fsname == NULL ? EINVAL : open_backing(v, backing);
@@ -293,6 +296,9 @@ static napi_value start(napi_env env, napi_callback_info info, bool resume)
 		volume_put(v);
 		return throw_errno(env, err, resume ? "resume" : "mount");
 	}
+	/* What the kernel cached from the earlier server goes before anything can move the tree. */
+	if (resume)
+		invalidate(v);
 	NAPI_OK(env, napi_create_external(env, v, release_js_ref, NULL, &handle));
 	return handle;
 }
@@ -365,6 +371,15 @@ static napi_value js_fence(napi_env env, napi_callback_info info)
 	return NULL;
 }
 
+/* A tree move behind the mount: the kernel asks again for every entry and attribute it cached. */
+static napi_value js_invalidate(napi_env env, napi_callback_info info)
+{
+	struct volume *v = volume_arg(env, info, NULL, "invalidate");
+	if (v != NULL)
+		invalidate(v);
+	return NULL;
+}
+
 static napi_value js_clock_ms(napi_env env, napi_callback_info info)
 {
 	(void)info;
@@ -380,6 +395,7 @@ static napi_value init(napi_env env, napi_value exports)
 		{ "unmount", NULL, js_unmount, NULL, NULL, NULL, napi_default, NULL },
 		{ "serveUntil", NULL, js_serve_until, NULL, NULL, NULL, napi_default, NULL },
 		{ "fence", NULL, js_fence, NULL, NULL, NULL, napi_default, NULL },
+		{ "invalidate", NULL, js_invalidate, NULL, NULL, NULL, napi_default, NULL },
 		{ "syncMount", NULL, js_sync_mount, NULL, NULL, NULL, napi_default, NULL },
 		{ "resume", NULL, js_resume, NULL, NULL, NULL, napi_default, NULL },
 		{ "clockMs", NULL, js_clock_ms, NULL, NULL, NULL, napi_default, NULL },

@@ -3,6 +3,8 @@
  * answered EIO here, in the worker thread, without asking JavaScript; and the
  * kernel is told to drop what it cached (pages, attributes, entries), so a
  * descriptor opened before the loss reads EIO too and stat asks us again.
+ * The same invalidation, without the pages, follows a tree move behind the
+ * mount (InvalidateMount).
  */
 #include "volume.h"
 
@@ -44,52 +46,123 @@ bool refused(fuse_req_t req)
 	return true;
 }
 
+/* The longest the kernel keeps an entry or attributes: an unbounded lease (no epoch) still rechecks. */
+#define CACHE_MAX_MS 90000
+
 /*
- * Runs in its own thread: the kernel may wait in an invalidation for a request
- * that a worker thread must answer, so a worker never invalidates.
+ * How long the kernel may answer from its cache: never past the lease's end,
+ * so a cached answer never outlives the serving time it was given in. A tree
+ * move behind the mount and the fence invalidate what the kernel cached.
  */
-static void *invalidate_all(void *arg)
+double cache_seconds(fuse_req_t req)
 {
-	struct volume *v = arg;
+	struct volume *v = fuse_req_userdata(req);
+	int64_t left = atomic_load(&v->serve_until_ms) - serving_clock_ms();
+	if (left <= 0)
+		return 0;
+	return (double)(left < CACHE_MAX_MS ? left : CACHE_MAX_MS) / 1000;
+}
+
+/*
+ * One pass over every id the kernel holds. A fenced pass drops pages too,
+ * dirty ones included (their writeback is refused); after a tree move the
+ * attributes and entries suffice, since git replaces each file it rewrites.
+ */
+static void invalidate_known(struct volume *v, bool fenced)
+{
 	struct entry_ref *refs;
 	size_t count = nodes_snapshot(v, &refs);
 	for (size_t i = 0; i < count; i++) {
-		fuse_lowlevel_notify_inval_inode(v->se, refs[i].id, 0, 0);
+		fuse_lowlevel_notify_inval_inode(v->se, refs[i].id, fenced ? 0 : -1, 0);
 		if (refs[i].name != NULL)
 			fuse_lowlevel_notify_inval_entry(v->se, refs[i].parent, refs[i].name,
 							 strlen(refs[i].name));
 		free(refs[i].name);
 	}
 	free(refs);
+}
+
+/*
+ * Runs in its own thread, detached and holding a reference: the kernel may
+ * wait in an invalidation for a request a worker thread must answer, so a
+ * worker never invalidates. Passes go on until none was asked for since the
+ * last began, so a fence during a move's pass gets a fenced pass of its own.
+ */
+static void *invalidator(void *arg)
+{
+	struct volume *v = arg;
+	pthread_mutex_lock(&v->life);
+	while (v->passes_done < v->passes_asked) {
+		uint64_t asked = v->passes_asked;
+		bool walk = v->stale_ids;
+		v->stale_ids = false;
+		pthread_mutex_unlock(&v->life);
+		if (walk)
+			invalidate_tree(v);
+		invalidate_known(v, atomic_load(&v->fenced));
+		pthread_mutex_lock(&v->life);
+		v->passes_done = asked;
+	}
+	v->invalidating = false;
+	pthread_cond_broadcast(&v->invalidated);
+	pthread_mutex_unlock(&v->life);
+	volume_put(v);
 	return NULL;
+}
+
+/* Asks for a pass; its number, or 0 once the session ended (nothing is cached any more). */
+static uint64_t ask_invalidation(struct volume *v)
+{
+	pthread_t thread;
+	pthread_mutex_lock(&v->life);
+	uint64_t asked = v->ended ? 0 : ++v->passes_asked;
+	if (asked != 0 && !v->invalidating) {
+		atomic_fetch_add(&v->refs, 1);
+		if (start_thread(&thread, invalidator, v) == 0) {
+			pthread_detach(thread);
+			v->invalidating = true;
+		} else {
+			atomic_fetch_sub(&v->refs, 1);
+			v->passes_asked--;
+			asked = 0;
+		}
+	}
+	pthread_mutex_unlock(&v->life);
+	return asked;
+}
+
+/* Until the pass numbered `asked` is over (or every pass, for UINT64_MAX). */
+static void await_invalidation(struct volume *v, uint64_t asked)
+{
+	pthread_mutex_lock(&v->life);
+	while (v->invalidating && v->passes_done < asked)
+		pthread_cond_wait(&v->invalidated, &v->life);
+	pthread_mutex_unlock(&v->life);
+}
+
+/* Not from a worker thread: the kernel drops every entry and attribute it cached. */
+void invalidate(struct volume *v)
+{
+	await_invalidation(v, ask_invalidation(v));
 }
 
 void fence(struct volume *v)
 {
-	if (atomic_exchange(&v->fenced, true))
-		return;
-	pthread_mutex_lock(&v->life);
-	if (!v->ended && !v->invalidating && start_thread(&v->invalidation, invalidate_all, v) == 0)
-		v->invalidating = true;
-	pthread_mutex_unlock(&v->life);
+	if (!atomic_exchange(&v->fenced, true))
+		ask_invalidation(v);
 }
 
 /* Waits for the invalidation, if one ran; the caller then sees no cached page. */
 void fence_settle(struct volume *v)
 {
-	pthread_mutex_lock(&v->life);
-	if (v->invalidating) {
-		pthread_join(v->invalidation, NULL);
-		v->invalidating = false;
-	}
-	pthread_mutex_unlock(&v->life);
+	await_invalidation(v, UINT64_MAX);
 }
 
 /* The session must outlive an invalidation in flight; none starts after this. */
 void fence_join(struct volume *v)
 {
-	fence_settle(v);
 	pthread_mutex_lock(&v->life);
 	v->ended = true;
 	pthread_mutex_unlock(&v->life);
+	fence_settle(v);
 }

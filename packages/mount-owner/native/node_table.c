@@ -6,6 +6,7 @@
 #include "volume.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -179,6 +180,20 @@ void node_forget(struct volume *v, fuse_ino_t id, uint64_t nlookup)
 	pthread_mutex_unlock(&v->nodes.lock);
 	if (gone != NULL)
 		node_free(gone);
+}
+
+void node_moved(struct volume *v, int dir_fd, fuse_ino_t parent, const char *name)
+{
+	struct stat st;
+	fuse_ino_t id;
+	if (fstatat(dir_fd, name, &st, AT_SYMLINK_NOFOLLOW) == -1 || node_id(v, &st, &id) != 0 ||
+	    id == FUSE_ROOT_ID)
+		return;
+	pthread_mutex_lock(&v->nodes.lock);
+	struct node *n = *slot(&v->nodes, id);
+	if (n != NULL)
+		name_entry(n, parent, name);
+	pthread_mutex_unlock(&v->nodes.lock);
 }
 
 static void snapshot_one(struct entry_ref *ref, const struct node *n)

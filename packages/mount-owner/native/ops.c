@@ -22,8 +22,6 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
-/* The git worker changes the backing tree too: the kernel rechecks after this. */
-#define CACHE_SECONDS 1.0
 /* A full-size write is a stream's (ops.c op_write_buf). */
 #define WRITE_BEHIND_BYTES (1 << 20)
 
@@ -115,7 +113,7 @@ static int stat_fd(int fd, struct stat *st)
 }
 
 /* Looks name up under parent and counts it as handed out; 0 or an errno. */
-static int find_entry(struct volume *v, fuse_ino_t parent, int parent_fd, const char *name,
+static int find_entry(fuse_req_t req, fuse_ino_t parent, int parent_fd, const char *name,
 		      struct fuse_entry_param *e)
 {
 	if (strcmp(name, ".") == 0 || strcmp(name, "..") == 0)
@@ -129,15 +127,14 @@ static int find_entry(struct volume *v, fuse_ino_t parent, int parent_fd, const 
 		close(fd);
 		return err;
 	}
-	e->attr_timeout = CACHE_SECONDS;
-	e->entry_timeout = CACHE_SECONDS;
-	return node_remember(v, fd, &e->attr, parent, name, &e->ino);
+	e->attr_timeout = e->entry_timeout = cache_seconds(req);
+	return node_remember(volume_of(req), fd, &e->attr, parent, name, &e->ino);
 }
 
 static void reply_entry(fuse_req_t req, fuse_ino_t parent, int parent_fd, const char *name)
 {
 	struct fuse_entry_param e;
-	int err = find_entry(volume_of(req), parent, parent_fd, name, &e);
+	int err = find_entry(req, parent, parent_fd, name, &e);
 	if (err != 0)
 		fuse_reply_err(req, err);
 	else if (fuse_reply_entry(req, &e) == -ENOENT)
@@ -153,8 +150,8 @@ static void op_init(void *userdata, struct fuse_conn_info *conn)
 	 * Writeback cache: writes stay in the kernel's pages until an fsync, a
 	 * close or the flusher (flush.c) send them, in large batches. The kernel
 	 * then trusts its own size and mtime of a cached file. That holds with the
-	 * git worker: git replaces a file it rewrites (a new inode, found once the
-	 * 1 s entry cache runs out), never writes one in place. A fence drops the
+	 * git worker: git replaces a file it rewrites (a new inode, found at once:
+	 * the tree move invalidates the kernel's entries), never writes one in place. A fence drops the
 	 * dirty pages too: their writeback is refused, so a write after the
 	 * lease's end never reaches the tree, and fsync or close report EIO.
 	 */
@@ -201,7 +198,7 @@ static void op_getattr(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi
 	if (stat_fd(n->fd, &st) == -1)
 		fuse_reply_err(req, errno);
 	else
-		fuse_reply_attr(req, &st, CACHE_SECONDS);
+		fuse_reply_attr(req, &st, cache_seconds(req));
 }
 
 static struct timespec time_to_set(int to_set, int set, int now, struct timespec value)
@@ -272,7 +269,7 @@ static void op_setattr(fuse_req_t req, fuse_ino_t ino, struct stat *attr, int to
 	if ((fi != NULL && fd == -1) || apply_attr(n, attr, to_set, fd) == -1 || stat_fd(n->fd, &st) == -1)
 		fuse_reply_err(req, errno);
 	else
-		fuse_reply_attr(req, &st, CACHE_SECONDS);
+		fuse_reply_attr(req, &st, cache_seconds(req));
 }
 
 static void op_readlink(fuse_req_t req, fuse_ino_t ino)
@@ -381,7 +378,15 @@ static void op_rename(fuse_req_t req, fuse_ino_t parent, const char *name, fuse_
 	if (q == NULL)
 		return;
 	/* RENAME_NOREPLACE and RENAME_EXCHANGE pass through; the kernel refuses the rest. */
-	reply_result(req, renameat2(p->fd, name, q->fd, newname, flags));
+	if (renameat2(p->fd, name, q->fd, newname, flags) == -1) {
+		fuse_reply_err(req, errno);
+		return;
+	}
+	/* The kernel moved its entries: a tree move's invalidation must find them under the new names. */
+	node_moved(volume_of(req), q->fd, newparent, newname);
+	if (flags & RENAME_EXCHANGE)
+		node_moved(volume_of(req), p->fd, parent, name);
+	fuse_reply_err(req, 0);
 }
 
 static void op_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
@@ -414,7 +419,7 @@ static void op_create(fuse_req_t req, fuse_ino_t parent, const char *name, mode_
 	become_server();
 	struct fuse_entry_param e;
 	if (fd != -1)
-		err = find_entry(volume_of(req), parent, p->fd, name, &e);
+		err = find_entry(req, parent, p->fd, name, &e);
 	if (fd == -1 || err != 0) {
 		if (fd != -1)
 			close(fd);

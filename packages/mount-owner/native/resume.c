@@ -74,3 +74,40 @@ struct node *node_recover(struct volume *v, fuse_ino_t id)
 		return NULL;
 	return node_get(v, id);
 }
+
+/* Every entry under a directory of the tree, its inode, and what a directory holds in turn. */
+static void invalidate_dir(struct volume *v, int dir_fd, fuse_ino_t dir_id)
+{
+	struct dir_handle *d;
+	struct dirent *e;
+	if (open_dir(dir_fd, &d) != 0)
+		return;
+	while ((e = readdir(d->dp)) != NULL) {
+		if (is_dot(e->d_name))
+			continue;
+		fuse_lowlevel_notify_inval_entry(v->se, dir_id, e->d_name, strlen(e->d_name));
+		int fd = openat(dir_fd, e->d_name, O_PATH | O_NOFOLLOW);
+		struct stat st;
+		if (fd == -1)
+			continue;
+		if (fstatat(fd, "", &st, AT_EMPTY_PATH | AT_SYMLINK_NOFOLLOW) == 0 && st.st_dev == v->dev &&
+		    st.st_ino != FUSE_ROOT_ID) {
+			fuse_lowlevel_notify_inval_inode(v->se, st.st_ino, -1, 0);
+			if (S_ISDIR(st.st_mode))
+				invalidate_dir(v, fd, st.st_ino);
+		}
+		close(fd);
+	}
+	close_dir(d);
+}
+
+/*
+ * A resumed server knows none of the ids the kernel cached from an earlier
+ * one; ids are st_ino, so a walk of the tree names them all. The tree cannot
+ * move before it is over: SyncMount refuses until the connection is served.
+ */
+void invalidate_tree(struct volume *v)
+{
+	fuse_lowlevel_notify_inval_inode(v->se, FUSE_ROOT_ID, -1, 0);
+	invalidate_dir(v, v->root.fd, FUSE_ROOT_ID);
+}

@@ -93,11 +93,14 @@ struct volume {
 	atomic_uint refused_pending; /* refusals JS has not been told of */
 	napi_threadsafe_function on_fenced;
 
-	/* Guards ended and the invalidation thread against the loop's end. */
+	/* Guards ended and the invalidation passes against the loop's end (fence.c). */
 	pthread_mutex_t life;
+	pthread_cond_t invalidated;
 	bool ended;
-	bool invalidating;
-	pthread_t invalidation;
+	bool invalidating; /* the invalidator thread runs */
+	uint64_t passes_asked, passes_done;
+	/* Resumed: the kernel may cache ids an earlier server gave out, found by walking the tree. */
+	bool stale_ids;
 
 	atomic_int refs; /* the loop thread and the JS handle */
 };
@@ -120,10 +123,14 @@ struct entry_ref {
 };
 /* A copy of every id (and its last entry) handed out, for invalidation. */
 size_t nodes_snapshot(struct volume *v, struct entry_ref **out);
+/* The kernel renamed an entry: the node there takes that name, for invalidation. */
+void node_moved(struct volume *v, int dir_fd, fuse_ino_t parent, const char *name);
 
 /* resume.c */
 /* The node for an id an earlier server gave out, found again in the backing tree; NULL if gone. */
 struct node *node_recover(struct volume *v, fuse_ino_t id);
+/* Invalidates every inode and entry of the backing tree, whichever server gave it out. */
+void invalidate_tree(struct volume *v);
 
 /* io.c */
 extern const struct fuse_custom_io gitcsi_io;
@@ -180,10 +187,13 @@ const char *proc_path(char buf[PROC_PATH_SIZE], int fd);
 extern const struct fuse_lowlevel_ops gitcsi_ops;
 
 /* fence.c */
-/* True (and the request answered EIO) once the epoch no longer holds the volume. */
 int64_t serving_clock_ms(void);
+/* True (and the request answered EIO) once the epoch no longer holds the volume. */
 bool refused(fuse_req_t req);
+/* The entry and attribute timeout of a reply. */
+double cache_seconds(fuse_req_t req);
 void fence(struct volume *v);
+void invalidate(struct volume *v);
 void fence_settle(struct volume *v);
 void fence_join(struct volume *v);
 

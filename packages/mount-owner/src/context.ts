@@ -17,6 +17,8 @@ export interface StagedMount {
   fence(): void;
   /** The kernel's dirty pages reach the tree; false when nothing is mounted any more. */
   sync(): Promise<boolean>;
+  /** The tree moved behind the mount: the kernel forgets the entries and attributes it cached. */
+  invalidate(): void;
 }
 
 export interface MountOwnerDeps {

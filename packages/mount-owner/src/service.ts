@@ -9,7 +9,7 @@ import { publish, unpublish } from "./publish";
 import { resume, type StagedPaths } from "./resume";
 import { MountSessions } from "./sessions";
 import { stage, unstage } from "./stage";
-import { syncMount } from "./sync-mount";
+import { invalidateMount, syncMount } from "./sync-mount";
 import { TreeUsage } from "./tree-usage";
 import { volumeStats } from "./volume-stats";
 import { WorkerLink } from "./worker-link";
@@ -99,6 +99,7 @@ function mountOwnerService(owner: Owner): mountOwner.MountOwnerServer {
     publishVolume: serialized("publish", (request: mountOwner.PublishVolumeRequest, volumeId) => publish(owner, request, volumeId)),
     unpublishVolume: serialized("unpublish", (request: mountOwner.UnpublishVolumeRequest, volumeId) => unpublish(owner, request, volumeId)),
     syncMount: unary("sync_mount", logger, async (request: mountOwner.SyncMountRequest) => ({ mounted: await syncMount(owner, required(request.volumeId, "volume_id")) })),
+    invalidateMount: unary("invalidate_mount", logger, async (request: mountOwner.InvalidateMountRequest) => ({ mounted: invalidateMount(owner, required(request.volumeId, "volume_id")) })),
     getVolumeStats: unary("volume_stats", logger, (request: mountOwner.GetVolumeStatsRequest) => volumeStats(owner, request, required(request.volumeId, "volume_id"))),
   };
 }

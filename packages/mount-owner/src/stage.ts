@@ -108,7 +108,7 @@ export async function startSession(owner: Owner, volumeId: string, begun: Omit<L
   const started: LiveSession = {
     ...begun,
     // Until the mount is made nothing is mounted, so no page waits for a sync.
-    mount: { unmount: async () => undefined, serveUntil: () => undefined, fence: () => undefined, sync: async () => false },
+    mount: { unmount: async () => undefined, serveUntil: () => undefined, fence: () => undefined, sync: async () => false, invalidate: () => undefined },
   };
   owner.sessions.add(volumeId, started);
   try {

@@ -20,3 +20,16 @@ export async function syncMount(owner: Owner, volumeId: string): Promise<boolean
     throw internal(`volume ${volumeId}: syncing its mount at ${live.stagingPath} failed: ${(err as Error).message}`);
   }
 }
+
+/**
+ * InvalidateMount: the git worker moved the volume's tree, and the kernel
+ * forgets what it cached of the mount before the move is reported. A
+ * connection that waits to be resumed is invalidated whole as it resumes.
+ * True when a mount was invalidated.
+ */
+export function invalidateMount(owner: Owner, volumeId: string): boolean {
+  const live = owner.sessions.get(volumeId);
+  if (!live) return false;
+  live.mount.invalidate();
+  return true;
+}

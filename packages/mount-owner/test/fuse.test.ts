@@ -112,14 +112,24 @@ describe("fuse passthrough", () => {
 
   // With the writeback cache the kernel trusts its own size and pages of a
   // cached inode; git never rewrites a file in place but replaces it (unlink,
-  // then a new file), so the name leads to a new inode once the 1 s entry
-  // cache runs out.
-  test("a file git replaces in the backing tree is read anew once the entry cache runs out, whatever the kernel cached of the old one", async () => {
+  // then a new file), and the git worker has the mount invalidated after each
+  // tree move, so the name leads to the new inode at once.
+  test("a file git replaces in the backing tree is read anew once the mount is invalidated, whatever the kernel cached of the old one", async () => {
     assert.equal(await sh(volume, 'printf "the application wrote this\\n" > "$M/replaced" && cat "$M/replaced"'), "the application wrote this\n");
     fs.unlinkSync(join(volume.backing, "replaced"));
     fs.writeFileSync(join(volume.backing, "replaced"), "upstream\n");
-    await sleep(1100);
+    assert.equal(await sh(volume, 'stat -c %s "$M/replaced"'), "27\n", "the kernel answers from its cache until told");
+    mount.invalidate();
     assert.equal(await sh(volume, 'cat "$M/replaced"; stat -c %s "$M/replaced"'), "upstream\n9\n");
+  });
+
+  // The kernel moved its entry with the rename: the invalidation must name the entry where it is now.
+  test("a file the application renamed, then git replaced, is read anew once the mount is invalidated", async () => {
+    await sh(volume, 'echo first > "$M/old-name" && mv "$M/old-name" "$M/new-name" && cat "$M/new-name"');
+    fs.unlinkSync(join(volume.backing, "new-name"));
+    fs.writeFileSync(join(volume.backing, "new-name"), "upstream\n");
+    mount.invalidate();
+    assert.equal(await sh(volume, 'cat "$M/new-name"'), "upstream\n");
   });
 
   // The git worker asks for this before it moves the tree: git sees the backing tree only.

@@ -178,7 +178,22 @@ export class VolumeUpstream {
    */
   private async moveTree(head: string, to: string): Promise<boolean> {
     await this.s.ctx.syncMount();
-    return moveTree(this.s.tree, volumeBranchRef(this.s.volumeId), head, to);
+    if (!(await moveTree(this.s.tree, volumeBranchRef(this.s.volumeId), head, to))) return false;
+    await this.invalidateMount(to);
+    return true;
+  }
+
+  /**
+   * The kernel caches the mount's entries and attributes while the lease
+   * serves: it forgets them before the move is reported. The move stands
+   * either way; a mount owner that restarts forgets them all as it resumes.
+   */
+  private async invalidateMount(to: string): Promise<void> {
+    try {
+      await this.s.ctx.invalidateMount();
+    } catch (err) {
+      this.s.log("warn", `the mount may show files from before the tree moved until the kernel's cache of them runs out (at most 90 s): ${(err as Error).message}`, "invalidate_mount", { to });
+    }
   }
 
   /**

@@ -50,6 +50,12 @@ export interface SyncContext {
    * SyncMount): with the writeback cache a write can wait there, unseen by git.
    */
   syncMount(): Promise<boolean>;
+  /**
+   * The kernel forgets the entries and attributes it cached of the mount (the
+   * mount owner's InvalidateMount): it keeps them for as long as the lease
+   * serves, and the tree just moved behind it.
+   */
+  invalidateMount(): Promise<boolean>;
 }
 
 /**

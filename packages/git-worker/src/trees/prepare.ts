@@ -153,6 +153,7 @@ async function watch(deps: GitWorkerDeps, ready: PreparedVolume, existing: Volum
     openAccess: (secret) => openAccess(deps, holder.volumeId, secret),
     onRepository: (work) => deps.perRepository.run(deps.store.repoDir(source.url), work),
     syncMount: () => deps.syncMount(holder.volumeId),
+    invalidateMount: () => deps.invalidateMount(holder.volumeId),
   });
   await sync.start(request.class, tree.fetched, tree.reused);
   deps.syncs.set(holder.volumeId, sync);

@@ -13,6 +13,7 @@ interface NativeAddon {
   unmount(handle: NativeHandle): void;
   serveUntil(handle: NativeHandle, ms: number): void;
   fence(handle: NativeHandle): void;
+  invalidate(handle: NativeHandle): void;
   syncMount(handle: NativeHandle): Promise<boolean>;
   resume(mountpoint: string, backing: string, fsname: string, serveUntilMs: number, onFenced: (refused: number) => void, fd: number, init: Buffer): NativeHandle;
   keep(handle: NativeHandle, socketPath: string, key: string): void;
@@ -78,6 +79,8 @@ export interface FuseMount {
    * False when it is no longer mounted: the unmount sent them.
    */
   sync(): Promise<boolean>;
+  /** The kernel forgets the entries and attributes it cached: the tree moved behind the mount. */
+  invalidate(): void;
   /** The keeper at socketPath holds the connection from now on too, under key. */
   keep(socketPath: string, key: string): void;
   /** No request is taken any more and every one taken is answered: the next mount owner serves the rest. */
@@ -141,6 +144,9 @@ function wrap(handle: NativeHandle, opts: FuseMountOptions, epoch: EpochFence): 
       if (mounted) addon.fence(handle);
     },
     sync: () => (mounted ? addon.syncMount(handle) : Promise.resolve(false)),
+    invalidate: () => {
+      if (mounted) addon.invalidate(handle);
+    },
     keep: (socketPath, key) => addon.keep(handle, socketPath, key),
     quiesce: () => addon.quiesce(handle),
   };
