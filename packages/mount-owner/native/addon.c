@@ -35,6 +35,7 @@ static void volume_free(struct volume *v)
 	nodes_destroy(&v->nodes);
 	foreign_destroy(v);
 	io_destroy(&v->io);
+	deadline_close(v);
 	if (v->root.fd >= 0)
 		close(v->root.fd);
 	pthread_cond_destroy(&v->flush_wake);
@@ -82,6 +83,7 @@ static void *serve(void *arg)
 	io_end(&v->io);
 	fuse_loop_cfg_destroy(config);
 	flush_stop(v);
+	deadline_stop(v);
 	fence_join(v);
 	fuse_session_destroy(v->se);
 	napi_release_threadsafe_function(v->on_fenced, napi_tsfn_release);
@@ -163,11 +165,15 @@ static int start_session(struct volume *v, const char *fsname, int fd, const uns
 	int err = -fuse_session_custom_io(v->se, &gitcsi_io, fd);
 	if (err == 0 && init != NULL)
 		io_replay_init(v, init, init_len);
-	/* The flusher first: it waits a second before its first sync, and goes if the loop cannot start. */
+	/* The flusher and the deadline first: they go if the loop cannot start. */
 	if (err == 0)
 		err = flush_start(v);
-	if (err == 0 && (err = start_thread(&v->loop, serve, v)) != 0)
+	if (err == 0 && (err = deadline_start(v)) != 0)
 		flush_stop(v);
+	if (err == 0 && (err = start_thread(&v->loop, serve, v)) != 0) {
+		deadline_stop(v);
+		flush_stop(v);
+	}
 	if (err != 0) {
 		fuse_session_unmount(v->se);
 		fuse_session_destroy(v->se);
@@ -202,6 +208,7 @@ static struct volume *volume_new(napi_env env, napi_value mountpoint, napi_value
 	if (v == NULL)
 		return NULL;
 	v->root.fd = -1;
+	v->deadline.timer = v->deadline.wake = -1;
 	v->mountpoint = string_arg(env, mountpoint);
 	atomic_init(&v->serve_until_ms, ms_arg(env, serve_until));
 	atomic_init(&v->refs, 1);
@@ -358,6 +365,7 @@ static napi_value js_serve_until(napi_env env, napi_callback_info info)
 	if (v == NULL)
 		return NULL;
 	atomic_store(&v->serve_until_ms, ms_arg(env, ms));
+	deadline_moved(v);
 	return NULL;
 }
 

@@ -93,6 +93,15 @@ struct volume {
 	atomic_uint refused_pending; /* refusals JS has not been told of */
 	napi_threadsafe_function on_fenced;
 
+	/* The thread that fences at the lease's end (deadline.c). */
+	struct {
+		int timer; /* timerfd on CLOCK_BOOTTIME */
+		int wake; /* eventfd: the end moved, or stop */
+		atomic_bool stopped;
+		bool started;
+		pthread_t thread;
+	} deadline;
+
 	/* Guards ended and the invalidation passes against the loop's end (fence.c). */
 	pthread_mutex_t life;
 	pthread_cond_t invalidated;
@@ -185,6 +194,12 @@ napi_value js_sync_mount(napi_env env, napi_callback_info info);
 #define PROC_PATH_SIZE 32
 const char *proc_path(char buf[PROC_PATH_SIZE], int fd);
 extern const struct fuse_lowlevel_ops gitcsi_ops;
+
+/* deadline.c */
+int deadline_start(struct volume *v);
+void deadline_moved(struct volume *v);
+void deadline_stop(struct volume *v);
+void deadline_close(struct volume *v);
 
 /* fence.c */
 int64_t serving_clock_ms(void);

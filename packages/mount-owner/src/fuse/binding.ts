@@ -41,9 +41,6 @@ export function servingClock(): number {
   return addon.clockMs();
 }
 
-/** setTimeout's longest delay; a later deadline is re-armed when it comes. */
-const MAX_TIMER_MS = 2 ** 31 - 1;
-
 export interface EpochFence {
   /** Until when the mount may serve, on servingClock(); Infinity for always. */
   serveUntilMs: number;
@@ -89,13 +86,13 @@ export interface FuseMount {
 
 export function mountFuse(opts: FuseMountOptions): FuseMount {
   const epoch = opts.epoch ?? { serveUntilMs: Infinity, onFenced: () => undefined };
-  return wrap(addon.mount(opts.mountpoint, opts.backing, opts.fsname, epoch.serveUntilMs, epoch.onFenced), opts, epoch);
+  return wrap(addon.mount(opts.mountpoint, opts.backing, opts.fsname, epoch.serveUntilMs, epoch.onFenced), opts);
 }
 
 /** Serves a kept connection again: the kernel's mount and every open file on it carry on. */
 export function resumeFuse(opts: FuseMountOptions, kept: KeptConnection): FuseMount {
   const epoch = opts.epoch ?? { serveUntilMs: Infinity, onFenced: () => undefined };
-  return wrap(addon.resume(opts.mountpoint, opts.backing, opts.fsname, epoch.serveUntilMs, epoch.onFenced, kept.fd, kept.init), opts, epoch);
+  return wrap(addon.resume(opts.mountpoint, opts.backing, opts.fsname, epoch.serveUntilMs, epoch.onFenced, kept.fd, kept.init), opts);
 }
 
 /** The connections the keeper at socketPath holds. */
@@ -108,39 +105,19 @@ export function setIncarnation(incarnation: number): void {
   addon.setIncarnation(incarnation);
 }
 
-function wrap(handle: NativeHandle, opts: FuseMountOptions, epoch: EpochFence): FuseMount {
+// The server fences by itself at the lease's end (native/deadline.c) and tells onFenced.
+function wrap(handle: NativeHandle, opts: FuseMountOptions): FuseMount {
   let mounted = true;
-  let deadline: NodeJS.Timeout | undefined;
-
-  // The server refuses by itself once the lease's end passed; this timer makes it drop the kernel's caches then too.
-  function arm(ms: number): void {
-    clearTimeout(deadline);
-    if (!Number.isFinite(ms)) return;
-    deadline = setTimeout(() => (ms <= servingClock() ? expire() : arm(ms)), Math.min(Math.max(ms - servingClock(), 0), MAX_TIMER_MS));
-    deadline.unref();
-  }
-
-  function expire(): void {
-    if (!mounted) return;
-    addon.fence(handle);
-    epoch.onFenced(0);
-  }
-
-  arm(epoch.serveUntilMs);
   return {
     mountpoint: opts.mountpoint,
     unmount: async () => {
-      clearTimeout(deadline);
       if (mounted) addon.unmount(handle);
       mounted = false;
     },
     serveUntil: (ms) => {
-      if (!mounted) return;
-      addon.serveUntil(handle, ms);
-      arm(ms);
+      if (mounted) addon.serveUntil(handle, ms);
     },
     fence: () => {
-      clearTimeout(deadline);
       if (mounted) addon.fence(handle);
     },
     sync: () => (mounted ? addon.syncMount(handle) : Promise.resolve(false)),
