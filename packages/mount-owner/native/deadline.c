@@ -21,15 +21,20 @@ static void drain(int fd)
 		;
 }
 
-/* Fires at `until` on the serving clock; never for an end that never comes. */
+/*
+ * Fires at `until`, set as a time from now; never for an end that never comes. So
+ * the timer and serving_clock_ms() agree even where a process's clocks are
+ * shifted (libfaketime in the clock tests); the timerfd counts suspend too.
+ */
 static void arm(struct volume *v, int64_t until)
 {
 	struct itimerspec at = { 0 };
 	if (until != INT64_MAX) {
-		at.it_value.tv_sec = until / 1000;
-		at.it_value.tv_nsec = (until % 1000) * 1000000;
+		int64_t left_ms = until - serving_clock_ms();
+		at.it_value.tv_sec = left_ms / 1000;
+		at.it_value.tv_nsec = (left_ms % 1000) * 1000000 + 1; /* never all zero: that disarms */
 	}
-	timerfd_settime(v->deadline.timer, TFD_TIMER_ABSTIME, &at, NULL);
+	timerfd_settime(v->deadline.timer, 0, &at, NULL);
 }
 
 static void *watch(void *arg)
