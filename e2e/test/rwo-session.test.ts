@@ -1,6 +1,5 @@
 import assert from "node:assert/strict";
 import { type ChildProcessWithoutNullStreams, spawn } from "node:child_process";
-import { randomUUID } from "node:crypto";
 import * as fs from "node:fs/promises";
 import * as path from "node:path";
 import { createInterface } from "node:readline";
@@ -10,6 +9,7 @@ import { status } from "@grpc/grpc-js";
 import { call, csi, CsiError } from "@git-csi/protos";
 import { type Driver, mountsUnder, refused, run, setVolumeClass, sh, startDriver, volumeLogs, waitFor } from "../src/driver";
 import { type GitServer, startGitDaemon } from "../src/git-server";
+import { ownerRecord as ownerOf, type OwnerFields, takeOver } from "../src/owner-record";
 
 // Spec 000's retry, restart and cleanup rules of the .rwo-session record and
 // the mount epoch, on the real services, a real FUSE mount and a real remote.
@@ -23,9 +23,6 @@ const LEASE_RENEW_MS = 2000;
 const T = 60_000;
 /** A class that commits and pushes nothing before the pod stops. */
 const UNTIL_POD_STOPS = { "push.quiesce": "1h", "push.maxLatency": "2h" };
-
-/** Owner record fields, as the git worker's formatRecord writes them. */
-type OwnerFields = Record<string, string>;
 
 /** What a .rwo-session holds; the epoch is compared, never printed. */
 interface SessionFile {
@@ -225,11 +222,7 @@ describe("the .rwo-session record and the mount epoch: retries, expiry, cleanup,
   const unpublish = (volumeId: string) => call(driver.node.nodeUnpublishVolume.bind(driver.node), { volumeId, targetPath: targetOf(volumeId) }, T);
 
   /** The volume's owner ref on the remote, as fields; undefined when there is none. */
-  async function ownerRecord(repo: string, volumeId: string): Promise<OwnerFields | undefined> {
-    const text = await server.git(repo, "show", "-s", "--format=%B", `refs/git-csi/owner/${volumeId}`).catch(() => undefined);
-    if (text === undefined) return undefined;
-    return Object.fromEntries([...text.matchAll(/^([a-z-]+): (\S+)/gm)].map((m) => [m[1]!, m[2]!]));
-  }
+  const ownerRecord = (repo: string, volumeId: string) => ownerOf(server, repo, volumeId);
 
   async function session(volumeId: string, stagingPath = stagingOf(volumeId)): Promise<SessionFile> {
     const file = `${stagingPath}.rwo-session`;
@@ -633,7 +626,6 @@ describe("the .rwo-session record and the mount epoch: retries, expiry, cleanup,
     async () => {
       const repo = "eio-successor.git";
       const volumeId = "rwo-eio-successor";
-      const ref = `refs/git-csi/owner/${volumeId}`;
       await freshVolume(repo, volumeId);
       await stage(volumeId, repo);
       const target = await publish(volumeId, repo);
@@ -644,22 +636,7 @@ describe("the .rwo-session record and the mount epoch: retries, expiry, cleanup,
       const watching = actor.watch();
 
       // Another node's epoch takes the owner ref, by compare-and-swap against whatever record is there now.
-      const emptyTree = await server.git(repo, "hash-object", "-t", "tree", "-w", "/dev/null");
-      const successor = { node: "node-other", epoch: randomUUID() };
-      let replaced: OwnerFields | undefined;
-      for (let attempt = 0; ; attempt++) {
-        const old = await server.git(repo, "rev-parse", ref);
-        const current = await ownerRecord(repo, volumeId);
-        const now = Math.max(Date.now(), Number(current?.time));
-        const commit = await server.git(repo, "commit-tree", emptyTree, "-m", takenOver(await server.git(repo, "show", "-s", "--format=%B", old), successor, now));
-        try {
-          await server.git(repo, "update-ref", ref, commit, old);
-          replaced = current;
-          break;
-        } catch (err) {
-          if (attempt > 5) throw err;
-        }
-      }
+      const { replaced, successor } = await takeOver(server, repo, volumeId);
       sameEpoch(replaced?.epoch, staged.epoch, "the record replaced was the mount's own");
 
       const outcome = await watching;
@@ -690,11 +667,4 @@ describe("the .rwo-session record and the mount epoch: retries, expiry, cleanup,
 
 function capability(mode: csi.VolumeCapability_AccessMode_Mode): csi.VolumeCapability {
   return { mount: { fsType: "", mountFlags: [], volumeMountGroup: "" }, accessMode: { mode } };
-}
-
-/** Another node's record, made from the current one: the git worker's own format, with the successor's node, epoch and times. */
-function takenOver(record: string, successor: { node: string; epoch: string }, now: number): string {
-  const set = (text: string, key: string, value: string) => text.replace(new RegExp(`^${key}: .*$`, "m"), `${key}: ${value}`);
-  const at = (t: number) => `${t} (${new Date(t).toISOString()})`;
-  return set(set(set(set(record, "node", successor.node), "epoch", successor.epoch), "time", at(now)), "expires", at(now + 60_000));
 }
