@@ -8,6 +8,7 @@ import { call, dialUnix, gitWorker, mountOwner, serveUnix, stopServer } from "@g
 import * as path from "node:path";
 import { endOrphanedAgents, RemoteAccess } from "./remote/access";
 import { recoverFromKill } from "./trees/recover";
+import { nodeWatch } from "./lease/lease";
 import { CredentialBroker } from "./remote/broker";
 import type { CollectionPolicy } from "./trees/collect-remote";
 import { collectGarbage } from "./trees/gc";
@@ -108,6 +109,7 @@ async function main(): Promise<void> {
   const collect = serialCollector(store, logger, perRepository, {
     reach: reachThrough(syncs),
     ownerRefRetentionMs: durationFlag(flags, "owner-ref-retention"),
+    watch: nodeWatch,
     strand: {
       staged: (volumeId) => syncs.has(volumeId) || unstaging.has(volumeId),
       anonymous: (url) => store.through(url, anonymous),

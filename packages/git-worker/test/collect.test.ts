@@ -36,16 +36,16 @@ function quietLogger(): { logger: ReturnType<typeof createLogger>; lines: Line[]
   return { logger, lines };
 }
 
-/** A mount epoch's lease of a volume on a node, as claim_mount makes it. */
+/** A mount epoch's lease of a volume on a node, as claim_mount makes it, on the node's watch. */
 function leaseOn(node: StagedNode, nodeName: string, volumeId: string, epoch: string): MountLease {
   const holder = { volumeId, node: nodeName, epoch, accessMode: "ReadWriteOncePod" as const, leaseMs: LEASE_MS, continues: false };
-  return new MountLease(holder, (env = {}) => node.store.repo(node.remote.url, { config: [], env }));
+  return new MountLease(holder, (env = {}) => node.store.repo(node.remote.url, { config: [], env }), node.watch);
 }
 
 /** Runs the collection on a node that reaches the remote through its volume, serving these epochs. */
 async function collect(node: StagedNode, served: Record<string, string>, retentionMs = HOUR): Promise<Line[]> {
   const { logger, lines } = quietLogger();
-  const policy: CollectionPolicy = { reach: () => ({ remote: node.onRemote, served: new Map(Object.entries(served)) }), ownerRefRetentionMs: retentionMs };
+  const policy: CollectionPolicy = { reach: () => ({ remote: node.onRemote, served: new Map(Object.entries(served)) }), ownerRefRetentionMs: retentionMs, watch: node.watch };
   await collectGarbage(node.store, logger, (_repoDir, work) => work(), policy);
   return lines;
 }
@@ -58,6 +58,12 @@ function remoteRefs(remote: ServedRemote, prefix: string): string[] {
 /** An owner record written straight into the forge, as a node's lease wrote it at that time. */
 function recordOnRemote(remote: ServedRemote, record: Omit<OwnerRecord, "accessMode" | "node">): void {
   remote.git("update-ref", ownerRef(record.volumeId), recordCommit(remote.dir, { ...record, node: "node-z", accessMode: "ReadWriteOncePod" }));
+}
+
+/** A record of node-z, whose wall clock runs an hour behind the collector's: by the collector's clock, its lease ran out an hour ago. */
+function recordAnHourBehind(remote: ServedRemote, volumeId: string, epoch: string, leaseMs: number, released = false): void {
+  const time = Date.now() - HOUR;
+  recordOnRemote(remote, { volumeId, epoch, time, expires: released ? time : time + leaseMs, released });
 }
 
 function deletionLogged(lines: Line[], volumeId: string, ref: string): boolean {
@@ -85,31 +91,68 @@ test("staging refs no push uses go at the next collection; those a live epoch on
   assert.deepEqual(remoteRefs(a.remote, "refs/git-csi/owner/"), ["pvc-elsewhere", "pvc-here", "pvc-released"].map(ownerRef), "no owner ref is past the retention");
 });
 
-test("an owner ref goes once no epoch held it for the retention, or once its volume was deleted; a live epoch's stays", async (t: TestContext) => {
+test("an owner ref goes once this node watched it unchanged for the retention after no epoch held it, or once its volume was deleted; a live epoch's stays", async (t: TestContext) => {
   const a = await stagedNode(t, "pvc-a");
   const b = await stagedNode(t, "pvc-b", a.remote);
   const remote = a.remote;
+  const retentionMs = 400;
+  const shortLeaseMs = 200;
   assert.equal((await leaseOn(a, "node-a", "pvc-a", "e-a").claim(a.onRemote)).held, true);
   assert.equal((await leaseOn(b, "node-b", "pvc-b", "e-b").claim(b.onRemote)).held, true);
-  const now = Date.now();
-  recordOnRemote(remote, { volumeId: "pvc-old-released", epoch: "e1", time: now - 2 * HOUR, expires: now - 2 * HOUR, released: true });
-  recordOnRemote(remote, { volumeId: "pvc-old-expired", epoch: "e2", time: now - 3 * HOUR, expires: now - 3 * HOUR + LEASE_MS, released: false });
-  recordOnRemote(remote, { volumeId: "pvc-recent", epoch: "e3", time: now - 600_000, expires: now - 600_000, released: true });
-  // Deleted here: staged, released and its tree removed. pvc-again was claimed again on node-b since.
-  for (const volumeId of ["pvc-deleted", "pvc-again"]) {
-    await stageAnother(a.store, a.access, remote.url, volumeId);
-    const lease = leaseOn(a, "node-a", volumeId, `e-${volumeId}`);
-    assert.equal((await lease.claim(a.onRemote)).held, true);
-    assert.equal(await lease.release(a.onRemote), true);
-    await removeTree(a.store, volumeId, { url: remote.url, ref: "main" }, quietLogger().logger);
-  }
+  // Written by a clock an hour behind: by their times both are past the retention, and neither is to this node yet.
+  recordAnHourBehind(remote, "pvc-old-released", "e1", shortLeaseMs, true);
+  recordAnHourBehind(remote, "pvc-old-expired", "e2", shortLeaseMs);
+  // Deleted here: staged, released and its tree removed. pvc-again's was removed while node-b holds it.
+  await stageAnother(a.store, a.access, remote.url, "pvc-deleted");
+  const lease = leaseOn(a, "node-a", "pvc-deleted", "e-deleted");
+  assert.equal((await lease.claim(a.onRemote)).held, true);
+  assert.equal(await lease.release(a.onRemote), true);
+  await stageAnother(a.store, a.access, remote.url, "pvc-again");
+  for (const volumeId of ["pvc-deleted", "pvc-again"]) await removeTree(a.store, volumeId, { url: remote.url, ref: "main" }, quietLogger().logger);
   assert.equal((await leaseOn(b, "node-b", "pvc-again", "e-again-b").claim(b.onRemote)).held, true);
 
-  const lines = await collect(a, { "pvc-a": "e-a" });
+  const first = await collect(a, { "pvc-a": "e-a" }, retentionMs);
+  assert.ok(deletionLogged(first, "pvc-deleted", ownerRef("pvc-deleted")), "the deleted volume's released record goes at once");
+  assert.deepEqual(remoteRefs(remote, "refs/git-csi/owner/"), ["pvc-a", "pvc-again", "pvc-b", "pvc-old-expired", "pvc-old-released"].map(ownerRef));
+  // Staged again and released since the collection noted pvc-again's owner ref, by a clock an hour behind the deletion's.
+  recordAnHourBehind(remote, "pvc-again", "e-again-c", shortLeaseMs, true);
+  await sleep(shortLeaseMs + retentionMs);
+  recordAnHourBehind(remote, "pvc-recent", "e3", shortLeaseMs, true);
+
+  const lines = await collect(a, { "pvc-a": "e-a" }, retentionMs);
 
   assert.deepEqual(remoteRefs(remote, "refs/git-csi/owner/"), ["pvc-a", "pvc-again", "pvc-b", "pvc-recent"].map(ownerRef));
-  for (const v of ["pvc-old-released", "pvc-old-expired", "pvc-deleted"]) assert.ok(deletionLogged(lines, v, ownerRef(v)), `the deletion of ${v}'s owner ref is logged`);
+  for (const v of ["pvc-old-released", "pvc-old-expired"]) assert.ok(deletionLogged(lines, v, ownerRef(v)), `the deletion of ${v}'s owner ref is logged`);
   assert.deepEqual(await fs.readdir(path.join(a.store.stateDir, "deleted-owner-refs")), [], "both deletions are settled: one ref went, the other volume was staged again");
+});
+
+test("a live epoch's staging refs and owner ref stay whatever its record's times say, until this node watched the owner ref unchanged for a lease, and the retention", async (t: TestContext) => {
+  const a = await stagedNode(t, "pvc-a");
+  const remote = a.remote;
+  const leaseMs = 600;
+  const retentionMs = 400;
+  // node-z, its clock an hour behind, holds pvc-z and has sent a push's objects ahead.
+  recordAnHourBehind(remote, "pvc-z", "e-z", leaseMs);
+  remote.git("update-ref", stagingRef("pvc-z", 0), remote.git("rev-parse", "refs/heads/main"));
+  const kept = () => remoteRefs(remote, "refs/git-csi/").filter((r) => r.includes("pvc-z"));
+  const both = [ownerRef("pvc-z"), stagingRef("pvc-z", 0)];
+
+  await collect(a, {}, retentionMs);
+  assert.deepEqual(kept(), both, "first seen: the epoch may hold the volume");
+  // node-z renews before a lease is over: the watch starts again.
+  await sleep((leaseMs * 2) / 3);
+  recordAnHourBehind(remote, "pvc-z", "e-z", leaseMs);
+  await sleep((leaseMs * 2) / 3);
+  await collect(a, {}, retentionMs);
+  assert.deepEqual(kept(), both, "a lease since the first look, but not since the renewal");
+  // node-z renews no more.
+  await sleep(leaseMs);
+  const lines = await collect(a, {}, retentionMs);
+  assert.deepEqual(kept(), [ownerRef("pvc-z")], "watched unchanged for a lease: no push of the epoch uses the staging ref");
+  assert.ok(deletionLogged(lines, "pvc-z", stagingRef("pvc-z", 0)));
+  await sleep(retentionMs);
+  assert.ok(deletionLogged(await collect(a, {}, retentionMs), "pvc-z", ownerRef("pvc-z")), "and for the retention after: the owner ref goes");
+  assert.deepEqual(kept(), []);
 });
 
 test("a live epoch's owner ref stays whatever the retention, and though a node deleted the volume before it renewed", async (t: TestContext) => {
@@ -128,7 +171,9 @@ test("a live epoch's owner ref stays whatever the retention, and though a node d
   recordOnRemote(remote, { volumeId: "pvc-stale", epoch: "e-z", time: renewed, expires: renewed + LEASE_MS, released: false });
   await sleep(5);
 
-  // A retention of 1 ms, shorter than the live records' age: only a lease's end counts.
+  // A retention of 1 ms, shorter than the live records' age, and a second look past it: only a lease's end counts.
+  await collect(a, {}, 1);
+  await sleep(5);
   const lines = await collect(a, {}, 1);
 
   assert.deepEqual(remoteRefs(remote, "refs/git-csi/owner/"), [ownerRef("pvc-live"), ownerRef("pvc-stale")]);
@@ -150,8 +195,8 @@ test("a claim that lands between the collection's read and its deletion wins: th
     return a.onRemote(operation);
   };
   const { logger, lines } = quietLogger();
-  // A retention of 1 ms: the released record is past it at once.
-  await collectGarbage(a.store, logger, (_repoDir, work) => work(), { reach: () => ({ remote: remoteAfterRead, served: new Map() }), ownerRefRetentionMs: 1 });
+  // No retention: the released record is past it at once.
+  await collectGarbage(a.store, logger, (_repoDir, work) => work(), { reach: () => ({ remote: remoteAfterRead, served: new Map() }), ownerRefRetentionMs: 0, watch: a.watch });
 
   assert.equal(reached, 2);
   assert.match(remote.git("show", "-s", "--format=%B", ownerRef("pvc-race")), /^epoch: e-race$/m, "the owner ref holds the claim");
@@ -177,7 +222,7 @@ test("the node's views of a removed volume go, with what a removal cut short lef
   // A removal killed after the tree went: the rest stays on the node until the removal is asked again.
   await fs.rm(a.store.treeDir("pvc-cut"), { recursive: true });
   await removeTree(a.store, "pvc-cut", { url: a.remote.url, ref: "main" }, logger);
-  await collectGarbage(a.store, logger, (_repoDir, work) => work(), { reach: () => undefined, ownerRefRetentionMs: HOUR });
+  await collectGarbage(a.store, logger, (_repoDir, work) => work(), { reach: () => undefined, ownerRefRetentionMs: HOUR, watch: a.watch });
 
   for (const v of ["pvc-gone", "pvc-cut"]) {
     assert.equal(await revParse(repo, upstreamOwnerRef(v)), "", `the view of ${v}'s owner ref is deleted`);
@@ -203,7 +248,12 @@ test("a kept tree no stage serves sends the commits its remote lacks to a strand
   let staged = true;
   const strandOnce = async () => {
     const { logger, lines } = quietLogger();
-    await collectGarbage(a.store, logger, (_repoDir, work) => work(), { reach: () => undefined, ownerRefRetentionMs: HOUR, strand: { staged: () => staged, anonymous: () => a.onRemote } });
+    await collectGarbage(a.store, logger, (_repoDir, work) => work(), {
+      reach: () => undefined,
+      ownerRefRetentionMs: HOUR,
+      watch: a.watch,
+      strand: { staged: () => staged, anonymous: () => a.onRemote },
+    });
     return lines;
   };
   const told = (lines: Line[]) => lines.filter((l) => l.volume === "pvc-kept" && l.reason === "GitVolumeStranded");

@@ -7,7 +7,7 @@ import type { TestContext } from "node:test";
 import { RemoteAccess } from "../src/remote/access";
 import { CredentialBroker } from "../src/remote/broker";
 import { rememberSource } from "../src/trees/gc";
-import type { OnRemote } from "../src/lease/lease";
+import { type OnRemote, OwnerWatch } from "../src/lease/lease";
 import { formatRecord, type OwnerRecord } from "../src/lease/ownership";
 import { prepareTree } from "../src/trees/stage";
 import { Store } from "../src/trees/store";
@@ -106,6 +106,8 @@ export interface StagedNode {
   remote: ServedRemote;
   /** A git command against the remote, as the worker runs it for the volume. */
   onRemote: OnRemote;
+  /** What the node's git worker watched of the owner refs: its claims' and its collections' one watch. */
+  watch: OwnerWatch;
 }
 
 /** Stages a volume as the worker's prepare_tree does: the source first, then the tree. A new forge unless one is given. */
@@ -116,7 +118,7 @@ export async function stagedNode(t: TestContext, volumeId: string, served?: Serv
   const access = await RemoteAccess.open(undefined, store.volumeDir(volumeId), store.socketDir(), new CredentialBroker(path.join(stateDir, "broker.sock")));
   t.after(() => access.close());
   await stageAnother(store, access, remote.url, volumeId);
-  return { store, access, remote, onRemote: (operation) => access.run((options) => operation(store.repo(remote.url, options))) };
+  return { store, access, remote, onRemote: (operation) => access.run((options) => operation(store.repo(remote.url, options))), watch: new OwnerWatch() };
 }
 
 /** One more volume of the URL staged on the node. */

@@ -7,7 +7,7 @@ import { setTimeout as sleep } from "node:timers/promises";
 import { test } from "node:test";
 import { createLogger } from "@git-csi/logging";
 import { collectGarbage, rememberSource } from "../src/trees/gc";
-import { writeRecords } from "../src/lease/lease";
+import { OwnerWatch, writeRecords } from "../src/lease/lease";
 import { GitCommandError, gitIn, runGit, TCP_RELAY } from "../src/remote/git";
 import { fetchBranch, pushUpdates } from "../src/remote/remote";
 import { exists, upstreamRef } from "../src/trees/store";
@@ -68,7 +68,7 @@ test("the store's collection passes over a source recorded before its ref was re
   const { store, remote } = await stagedNode(t, VOLUME);
   // A node that took "--help" for a branch remembered the source of the stage that tried it.
   await rememberSource(store, "pvc-old", { url: remote.url, ref: "--help" });
-  await collectGarbage(store, createLogger("git-worker", "error"), (_repoDir, work) => work(), { reach: () => undefined, ownerRefRetentionMs: 3_600_000 });
+  await collectGarbage(store, createLogger("git-worker", "error"), (_repoDir, work) => work(), { reach: () => undefined, ownerRefRetentionMs: 3_600_000, watch: new OwnerWatch() });
   assert.notEqual(await revParse(store.repo(remote.url), upstreamRef("main")), "", "the staged volume's branch was collected");
 });
 
@@ -81,7 +81,7 @@ test("the store's collection deletes owner records a renewal replaced an hour ag
   const loose = path.join(store.repoDir(remote.url), "objects", replaced!.slice(0, 2), replaced!.slice(2));
   const twoHoursAgo = new Date(Date.now() - 7_200_000);
   await fs.utimes(loose, twoHoursAgo, twoHoursAgo);
-  await collectGarbage(store, createLogger("git-worker", "error"), (_repoDir, work) => work(), { reach: () => undefined, ownerRefRetentionMs: 3_600_000 });
+  await collectGarbage(store, createLogger("git-worker", "error"), (_repoDir, work) => work(), { reach: () => undefined, ownerRefRetentionMs: 3_600_000, watch: new OwnerWatch() });
   assert.equal(await revParse(repo, replaced!), "", "the record replaced two hours ago is still in the node's repository");
   assert.equal(await revParse(repo, recent!), recent, "a record written now was deleted");
 });

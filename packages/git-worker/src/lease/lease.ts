@@ -47,8 +47,9 @@ export const monotonic = (): number => performance.now();
  * What this node has seen of each volume's owner ref, and since when by its
  * monotonic clock: a claim takes a volume from an unreleased record only
  * once the ref has stayed on one commit for a whole lease (client-go's
- * leader election watches its lock the same way). A restarted worker starts
- * watching again, which only delays a takeover.
+ * leader election watches its lock the same way), and the collection
+ * deletes a ref an epoch may use only on the same watch. A restarted worker
+ * starts watching again, which only delays a takeover or a deletion.
  */
 export class OwnerWatch {
   private readonly seen = new Map<string, { oid: string; since: number }>();
@@ -71,8 +72,8 @@ export class OwnerWatch {
   }
 }
 
-/** The worker's one watch: every claim of the process reads and extends it. */
-const nodeWatch = new OwnerWatch();
+/** The worker's one watch: every claim and collection of the process reads and extends it. */
+export const nodeWatch = new OwnerWatch();
 const RECORD_AUTHOR = "git-csi <git-csi@git.liken.sh>";
 
 /**

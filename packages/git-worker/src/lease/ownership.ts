@@ -111,19 +111,22 @@ export function decideRelease(current: OwnerRecord | undefined, epoch: string, n
   return { write: { ...current, time: t, expires: t, released: true } };
 }
 
-/** Whether the record's epoch may hold the volume by a reader's wall clock: for the collection's retention, which decides nothing about serving. */
-export function isActive(record: OwnerRecord | undefined, t: number): boolean {
-  return record !== undefined && !record.released && t < record.expires;
+/**
+ * Whether the record's epoch may still hold the volume, by what this node
+ * watched: unreleased and not yet seen unchanged for a whole lease. For the
+ * collection, which deletes nothing such an epoch may still use.
+ */
+export function mayHold(record: OwnerRecord, watchedMs: number): boolean {
+  return !record.released && watchLeft(record, watchedMs) > 0;
 }
 
 /**
- * Whether an owner record is past the retention: no epoch held the volume
- * for that long. A released record expires at its release; an unreleased
- * one at the end of the lease its epoch last renewed. The retention (days)
- * dwarfs any clock skew between nodes.
+ * Whether an owner record is past the retention: this node watched it
+ * unchanged for that long after no epoch held the volume, at once for a
+ * released record and a lease into the watch for an unreleased one.
  */
-export function pastRetention(record: OwnerRecord, now: number, retentionMs: number): boolean {
-  return now >= record.expires + retentionMs;
+export function pastRetention(record: OwnerRecord, watchedMs: number, retentionMs: number): boolean {
+  return watchedMs >= (record.released ? 0 : leaseOf(record)) + retentionMs;
 }
 
 /**

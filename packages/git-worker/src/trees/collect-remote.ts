@@ -3,9 +3,9 @@ import * as path from "node:path";
 import { formatDuration, orAbsent } from "@git-csi/config";
 import type { Logger } from "@git-csi/logging";
 import type { SimpleGit } from "simple-git";
-import type { OnRemote } from "../lease/lease";
+import type { OnRemote, OwnerWatch } from "../lease/lease";
 import type { EventSink } from "../sync/volume";
-import { isActive, type OwnerRecord, parseRecord, pastRetention, RecordError } from "../lease/ownership";
+import { mayHold, type OwnerRecord, parseRecord, pastRetention, RecordError } from "../lease/ownership";
 import { deleteRefs, type ReadRef, RemoteError } from "../remote/remote";
 import { ownerRef, type Store } from "./store";
 import { gitMessage, runGit } from "../remote/git";
@@ -13,9 +13,11 @@ import { gitMessage, runGit } from "../remote/git";
 /**
  * The remote's side of the collection: the driver's refs on a remote that no
  * epoch needs any more. Staging refs a push left, and owner refs of volumes
- * deleted, or released and not staged again for a retention. Every deletion
- * is a compare-and-swap from the oid read, so a claim or a push that races
- * in keeps its ref.
+ * deleted, or released and not staged again for a retention. Whether an
+ * epoch may still use them is judged as a claim judges it, by how long this
+ * node watched the owner ref unchanged on its own monotonic clock, never by
+ * the record's times. Every deletion is a compare-and-swap from the oid read,
+ * so a claim or a push that races in keeps its ref.
  */
 
 /** How the collection reaches a URL's remote: with the credential of a volume staged here, the only credential the node holds. */
@@ -30,6 +32,8 @@ export interface CollectionPolicy {
   reach(url: string): RemoteReach | undefined;
   /** How long an owner ref stays once no epoch holds it (the chart's node.ownerRefRetention). */
   ownerRefRetentionMs: number;
+  /** What this worker watched of the owner refs: the claims' own watch. */
+  watch: OwnerWatch;
   /** How kept trees of unstaged volumes send their commits to stranded refs; none strands nothing. */
   strand?: StrandPolicy;
 }
@@ -56,34 +60,35 @@ interface Doomed extends ReadRef {
 }
 
 interface CollectionRules {
-  now: number;
   retentionMs: number;
   served: Map<string, string>;
-  /** Volumes whose tree this node removed (DeleteVolume), and when. */
-  deleted: Map<string, number>;
+  watch: OwnerWatch;
+  /** Volumes whose tree this node removed (DeleteVolume), and the owner ref's oid the first collection after saw. */
+  deleted: Map<string, string>;
 }
 
 /**
  * The refs to delete. A volume whose owner ref holds no record the worker can
  * read keeps everything: the ref is not the driver's. Staging refs go unless
- * the record names a live epoch this worker does not serve (only that epoch's
- * push could still use them). An owner ref goes once no epoch holds it, when
- * the volume was deleted before its record was written or when the record is
- * past the retention: never while an epoch holds it.
+ * the record names an epoch that may still hold the volume (unreleased and
+ * not watched unchanged for a lease) which this worker does not serve: only
+ * that epoch's push could still use them. An owner ref goes once no epoch
+ * may hold it, when it is still the one seen after the volume was deleted or
+ * when it is past the retention.
  */
 function refsToCollect(volumes: Map<string, RemoteVolume>, rules: CollectionRules): Doomed[] {
   const doomed: Doomed[] = [];
   for (const [volumeId, { owner, staging }] of volumes) {
     const record = owner?.record;
     if (owner && !record) continue;
-    const held = record !== undefined && isActive(record, rules.now);
+    const watchedMs = owner ? rules.watch.watched(volumeId, owner.expected) : 0;
+    const held = record !== undefined && mayHold(record, watchedMs);
     if (!held || rules.served.get(volumeId) === record?.epoch) {
       doomed.push(...staging.map((s) => ({ ...s, volumeId, why: "no push uses it: its push is over, or was cut short" })));
     }
     if (owner === undefined || record === undefined || held) continue;
-    const deletedAt = rules.deleted.get(volumeId);
-    if (deletedAt !== undefined && record.time <= deletedAt) doomed.push({ ...owner, volumeId, why: "the volume was deleted" });
-    else if (pastRetention(record, rules.now, rules.retentionMs)) {
+    if (rules.deleted.get(volumeId) === owner.expected) doomed.push({ ...owner, volumeId, why: "the volume was deleted" });
+    else if (pastRetention(record, watchedMs, rules.retentionMs)) {
       doomed.push({ ...owner, volumeId, why: `no mount epoch held the volume for ${formatDuration(rules.retentionMs)}` });
     }
   }
@@ -136,13 +141,13 @@ function recordOrNone(message: string): OwnerRecord | undefined {
 export async function collectRemote(store: Store, url: string, policy: CollectionPolicy, deletions: Deletions, logger: Logger): Promise<void> {
   const reach = policy.reach(url);
   if (!reach) return;
-  const deleted = new Map([...deletions].filter(([, d]) => d.url === url).map(([id, d]) => [id, d.deletedAt]));
   try {
     const volumes = await reach.remote((repo) => readRemoteVolumes(repo));
+    const deleted = await noteOwners(store, url, deletions, volumes);
     for (const [volumeId, v] of volumes) {
       if (v.owner && !v.owner.record) logger.warn(`${v.owner.ref} on the remote holds no owner record; the collection leaves the volume's refs`, { volume: volumeId, operation: "gc" });
     }
-    const doomed = refsToCollect(volumes, { now: Date.now(), retentionMs: policy.ownerRefRetentionMs, served: reach.served, deleted });
+    const doomed = refsToCollect(volumes, { retentionMs: policy.ownerRefRetentionMs, served: reach.served, watch: policy.watch, deleted });
     const outcome = doomed.length === 0 ? { deleted: [], kept: [] } : await reach.remote((repo) => deleteRefs(repo, doomed));
     for (const d of doomed) {
       const gone = outcome.deleted.includes(d.ref);
@@ -152,23 +157,45 @@ export async function collectRemote(store: Store, url: string, policy: Collectio
         ref: d.ref,
       });
     }
-    for (const volumeId of deleted.keys()) if (settled(volumes.get(volumeId), deleted.get(volumeId)!, outcome.deleted)) await forgetDeleted(store, volumeId);
+    for (const [volumeId, noted] of deleted) if (settled(volumes.get(volumeId), noted, outcome.deleted)) await forgetDeleted(store, volumeId);
   } catch (err) {
     if (!(err instanceof RemoteError)) throw err;
     logger.warn(`the driver's refs on the remote stay until the next collection: ${err.message}`, { operation: "gc" });
   }
 }
 
-/** A deleted volume's owner ref needs nothing more once it is gone, or holds a record written after the deletion (the volume was staged again). */
-function settled(volume: RemoteVolume | undefined, deletedAt: number, gone: string[]): boolean {
+/**
+ * The owner ref's oid each of the URL's deleted volumes had when a collection
+ * first read it after the deletion ("" for none), noted in the deletion's
+ * record: a later record (the volume staged again) is told by its oid, never
+ * by comparing the time another node wrote in it with this node's clock.
+ */
+async function noteOwners(store: Store, url: string, deletions: Deletions, volumes: Map<string, RemoteVolume>): Promise<Map<string, string>> {
+  const noted = new Map<string, string>();
+  for (const [volumeId, d] of deletions) {
+    if (d.url !== url) continue;
+    if (d.owner === undefined) {
+      d.owner = volumes.get(volumeId)?.owner?.expected ?? "";
+      await writeDeletion(store, volumeId, d);
+    }
+    noted.set(volumeId, d.owner);
+  }
+  return noted;
+}
+
+/** A deleted volume's owner ref needs nothing more once it is gone, or moved from the one noted after the deletion (the volume was staged again). */
+function settled(volume: RemoteVolume | undefined, noted: string, gone: string[]): boolean {
   const owner = volume?.owner;
-  return owner === undefined || gone.includes(owner.ref) || (owner.record !== undefined && owner.record.time > deletedAt);
+  return owner === undefined || gone.includes(owner.ref) || owner.expected !== noted;
 }
 
 /** A volume whose tree the node removed, until the remote's owner ref of it goes. */
 interface DeletedVolume {
   url: string;
+  /** This node's wall clock at the deletion: only this node's own clock reads it, to forget the deletion. */
   deletedAt: number;
+  /** The owner ref's oid the first collection after the deletion read ("" for none). */
+  owner?: string;
 }
 
 /** The deleted volumes the node remembers, by volume id. */
@@ -183,10 +210,13 @@ function deletedFile(store: Store, volumeId: string): string {
 }
 
 /** Remembers that the volume was deleted: the next collection that reaches its remote deletes its owner ref. */
-export async function rememberDeleted(store: Store, volumeId: string, url: string): Promise<void> {
+export function rememberDeleted(store: Store, volumeId: string, url: string): Promise<void> {
+  return writeDeletion(store, volumeId, { url, deletedAt: Date.now() });
+}
+
+async function writeDeletion(store: Store, volumeId: string, record: DeletedVolume): Promise<void> {
   const file = deletedFile(store, volumeId);
   await fs.mkdir(deletedDir(store), { recursive: true });
-  const record: DeletedVolume = { url, deletedAt: Date.now() };
   // Whole or absent: a crash never leaves a record the collection cannot read.
   await fs.writeFile(`${file}.tmp`, `${JSON.stringify(record)}\n`);
   await fs.rename(`${file}.tmp`, file);
@@ -213,8 +243,11 @@ function forgetDeleted(store: Store, volumeId: string): Promise<void> {
 }
 
 /**
- * Forgets deletions older than the retention: the volume's owner ref is then
- * past it too (within a lease), and any node that reaches the remote deletes it.
+ * Forgets deletions older than the retention, by this node's wall clock
+ * against the time it wrote itself (the record outlives the process, which a
+ * monotonic reading does not): a step of that clock forgets a deletion early
+ * or late, and decides no more than whether the owner ref goes now or once a
+ * node watched it unchanged for the retention.
  */
 export async function expireDeletions(store: Store, deletions: Deletions, now: number, retentionMs: number): Promise<void> {
   for (const [volumeId, d] of deletions) if (now >= d.deletedAt + retentionMs) await forgetDeleted(store, volumeId);
