@@ -54,6 +54,8 @@ export interface DriverOptions {
   kubeconfig?: string;
   /** The git worker's collection interval (--gc-interval), shortened for tests that wait for a collection. */
   gcInterval?: string;
+  /** The git worker's --owner-ref-retention, shortened for tests of the owner refs' collection. */
+  ownerRefRetention?: string;
   /** The git worker deletes a lost epoch's pods that a controller owns (--delete-fenced-pods). */
   deleteFencedPods?: boolean;
   /** The node's wall clock this far from the machine's (libfaketime's FAKETIME offset, e.g. "+1h"), for every process of the node. */
@@ -99,6 +101,7 @@ export async function startDriver(options: DriverOptions = {}): Promise<Driver> 
   if (options.kubeconfig) args.push("--kubeconfig", options.kubeconfig);
   if (options.deleteFencedPods) args.push("--delete-fenced-pods", "true");
   if (options.gcInterval) args.push("--gc-interval", options.gcInterval);
+  if (options.ownerRefRetention) args.push("--owner-ref-retention", options.ownerRefRetention);
   const spawned = { stdio: ["ignore", "pipe", "pipe"] as ("ignore" | "pipe")[], env: nodeEnv(options) };
   const launcher = options.ownMountNamespace
     ? spawn("unshare", ["--mount", "--propagation", "private", process.execPath, LAUNCHER, ...args], spawned)

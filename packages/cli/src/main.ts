@@ -31,6 +31,7 @@ async function main(argv: string[]): Promise<void> {
       { name: "lease-duration", help: "how long a mount epoch's lease lasts (spec 000)", default: "90s" },
       { name: "lease-renew-interval", help: "how often the mount owner renews it (spec 000)", default: "20s" },
       { name: "gc-interval", help: "how often the git worker collects its store and sends commits kept trees of unstaged volumes hold to stranded refs", default: "1h" },
+      { name: "owner-ref-retention", help: "how long the git worker leaves a volume's owner ref on the remote once no mount epoch holds it", default: "720h" },
       { name: "kubeconfig", help: "an API server to watch (PersistentVolumes, claims, VolumeAttributesClasses) and post events to, as in a cluster; empty for none", default: "" },
       {
         name: "delete-fenced-pods",
@@ -50,6 +51,7 @@ async function main(argv: string[]): Promise<void> {
       leaseDuration: flags["lease-duration"]!,
       leaseRenewInterval: flags["lease-renew-interval"]!,
       gcInterval: flags["gc-interval"]!,
+      ownerRefRetention: flags["owner-ref-retention"]!,
       kubeconfig: flags.kubeconfig!,
       deleteFencedPods: flags["delete-fenced-pods"]!,
     },

@@ -18,6 +18,8 @@ export interface StandaloneOptions {
   leaseRenewInterval: string;
   /** The git worker's --gc-interval, a duration. */
   gcInterval: string;
+  /** The git worker's --owner-ref-retention, a duration. */
+  ownerRefRetention: string;
   /** A kubeconfig: the services then watch and report to that API server, as in a cluster; empty for none. */
   kubeconfig: string;
   /** The git worker's --delete-fenced-pods, "true" or "false". */
@@ -88,6 +90,8 @@ export class Standalone {
           options.deleteFencedPods,
           "--gc-interval",
           options.gcInterval,
+          "--owner-ref-retention",
+          options.ownerRefRetention,
         ],
       },
       {
