@@ -130,7 +130,8 @@ test("a live epoch's staging refs and owner ref stay whatever its record's times
   const a = await stagedNode(t, "pvc-a");
   const remote = a.remote;
   const leaseMs = 600;
-  const retentionMs = 400;
+  // Longer than a collection on a busy machine: the owner ref outlives the staging ref by at least one.
+  const retentionMs = 2000;
   // node-z, its clock an hour behind, holds pvc-z and has sent a push's objects ahead.
   recordAnHourBehind(remote, "pvc-z", "e-z", leaseMs);
   remote.git("update-ref", stagingRef("pvc-z", 0), remote.git("rev-parse", "refs/heads/main"));
