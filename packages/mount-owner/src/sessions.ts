@@ -135,6 +135,8 @@ const AFTER_LOSS = {
   // The kubelet unstages only once no pod on the node wants the volume; the next publish with no pod on the stage stages it again.
   publish: "another pod on this node still uses its stage: delete the pods on this node that use it, and the next pod's publish stages it again with a new epoch",
   stage: "unstage it on this node, then stage it again",
+  // Found by this publish's own renewal: whether another pod uses the stage is not known yet.
+  renewal: "the kubelet's next publish stages it again with a new epoch once no other pod on this node uses its stage",
 } as const;
 
 export function epochLost(volumeId: string, why: string, call: keyof typeof AFTER_LOSS): CsiError {

@@ -153,7 +153,7 @@ export class WorkerLink {
     });
     live.credential = withMaterial(credential) ?? live.credential;
     this.sessions.applyLease(volumeId, live, lease);
-    if (live.lost) throw epochLost(volumeId, live.lost, "publish");
+    if (live.lost) throw epochLost(volumeId, live.lost, "renewal");
   }
 
   /** Arms or unarms a staged volume at once. */
