@@ -5,7 +5,7 @@ import * as path from "node:path";
 import { after, before, describe, test } from "node:test";
 import { setTimeout as sleep } from "node:timers/promises";
 import { csi } from "@git-csi/protos";
-import { createVolume, type Driver, type PublishedVolume, setVolumeClass, stageAndPublish, startDriver, unpublishAndUnstage, waitFor } from "../src/driver";
+import { createVolume, type Driver, type DriverOptions, type PublishedVolume, setVolumeClass, stageAndPublish, startDriver, unpublishAndUnstage, waitFor } from "../src/driver";
 import { type GitServer, startGitDaemon } from "../src/git-server";
 
 // Spec 000: "Safety comes from quorum ordering and epoch checks, not a
@@ -18,6 +18,8 @@ const LEASE = { duration: "8s", renewInterval: "2s" };
 const LEASE_MS = 8000;
 const RENEW_MS = 2000;
 const CLASS = { "push.quiesce": "1s", "push.maxLatency": "1h" };
+const RETENTION_MS = 10_000;
+const ownerRef = (volumeId: string) => `refs/git-csi/owner/${volumeId}`;
 const LIBFAKETIME = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1";
 
 describe("the lease trusts no node's wall clock", () => {
@@ -36,8 +38,8 @@ describe("the lease trusts no node's wall clock", () => {
     await server?.stop();
   });
 
-  async function node(nodeId: string, clockOffset?: string, clockFile?: string): Promise<Driver> {
-    const driver = await startDriver({ nodeId, lease: LEASE, ownMountNamespace: true, clockOffset, clockFile });
+  async function node(nodeId: string, clockOffset?: string, clockFile?: string, collection: Pick<DriverOptions, "gcInterval" | "ownerRefRetention"> = {}): Promise<Driver> {
+    const driver = await startDriver({ nodeId, lease: LEASE, ownMountNamespace: true, clockOffset, clockFile, ...collection });
     nodes.push(driver);
     return driver;
   }
@@ -156,6 +158,42 @@ describe("the lease trusts no node's wall clock", () => {
       await writer;
     }
   }
+
+  test("a collector whose clock is an hour ahead keeps the owner ref of a volume another node holds, and deletes a released one only after watching it unchanged for the retention", async () => {
+    const repo = "collect-ahead.git";
+    await server.createRepo(repo, { files: { "configuration.yaml": "a: 1\n" } });
+    const a = await node("node-a-holds");
+    const b = await node("node-b-collects", "+1h", undefined, { gcInterval: "1s", ownerRefRetention: `${RETENTION_MS / 1000}s` });
+    const held = await createVolume(a, "collect-held", server.url(repo), RWO);
+    const onA = await stageAndPublish(a, held, RWO, "app-a");
+    // B's collection reaches a URL only while a volume of it is staged on B.
+    const own = await createVolume(b, "collect-own", server.url(repo), RWO);
+    const onB = await stageAndPublish(b, own, RWO, "app-b");
+    const collections = () =>
+      b
+        .logs()
+        .split("\n")
+        .filter((l) => /"message":"collected [^"]*"/.test(l)).length;
+
+    // By B's clock A's records are an hour old: two leases of B's collections must leave A's owner ref.
+    const before = collections();
+    const until = Date.now() + 2 * LEASE_MS;
+    for (let i = 0; Date.now() < until; i++) {
+      await a.sh(`echo ${i} > '${onA.targetPath}/w.txt'`);
+      await sleep(500);
+    }
+    await waitFor("B's collections over two leases", async () => collections() >= before + 4);
+    assert.equal(await ownerNode(repo, held.volumeId), "node-a-holds", "the held volume's owner ref stays");
+
+    // Released, the owner ref goes once B has watched the released record for the retention, not at once.
+    await unpublishAndUnstage(a, onA);
+    const releasedAt = Date.now();
+    await waitFor("the released owner ref collected", async () => (await server.git(repo, "for-each-ref", ownerRef(held.volumeId))).trim() === "", RETENTION_MS + 30_000);
+    const after = Date.now() - releasedAt;
+    assert.ok(after >= RETENTION_MS, `B deleted the released owner ref ${after} ms after the release, before the retention of ${RETENTION_MS} ms`);
+    assert.equal(await ownerNode(repo, own.volumeId), "node-b-collects", "B's own volume keeps its owner ref");
+    await unpublishAndUnstage(b, onB);
+  });
 
   test("a holder whose clock is an hour behind, its worker alone paused: its mount refuses before the taker's claim, so no write is acknowledged on it after the takeover", async () => {
     const a = await node("node-a-behind", "-1h");
