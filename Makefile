@@ -14,10 +14,11 @@ HELM_VERSION := v3.21.4
 # images, buildah (the builder), skopeo (pushes), debootstrap and busybox-static
 # (the public base images made here, e2e/images/bases.sh), docker-registry (the
 # tests' registry) and apache2-utils (htpasswd, for a registry with a login);
-# faketime (libfaketime) for the nodes whose clocks run ahead or behind.
+# faketime (libfaketime) for the nodes whose clocks run ahead or behind;
+# iptables, for the cluster test's forge that refuses connections.
 APT_PACKAGES := libfuse3-dev fuse3 gcc make pkg-config bindfs protobuf-compiler libprotobuf-dev git openssh-server openssh-client lighttpd util-linux procps python3 prometheus openssl \
 	containerd runc containernetworking-plugins iproute2 libc6-dev \
-	buildah skopeo debootstrap docker-registry busybox-static apache2-utils faketime
+	buildah skopeo debootstrap docker-registry busybox-static apache2-utils faketime iptables
 
 CACHE := $(CURDIR)/.cache
 GOBIN := $(CACHE)/bin

@@ -529,6 +529,8 @@ function kubeletConfig(address: string, cgroupRoot: string, socket: string, clie
     nodeStatusUpdateFrequency: "10s",
     // The kubelet posts a volume's abnormal condition (NodeGetVolumeStats) as a pod event only with this alpha gate.
     featureGates: { CSIVolumeHealth: true },
+    // It asks for the volumes' stats and conditions every 10 s, not every minute: a condition is told before the driver's recovery deletes the pod.
+    volumeStatsAggPeriod: "10s",
     // Otherwise the kubelet creates /usr/libexec/kubernetes/kubelet-plugins on the machine.
     volumePluginDir,
   };

@@ -5,6 +5,7 @@ import * as os from "node:os";
 import * as path from "node:path";
 import { after, before, test } from "node:test";
 import { promisify } from "node:util";
+import { setTimeout as sleep } from "node:timers/promises";
 import { waitFor } from "../src/driver";
 import { type Cluster, clusterMissing, GIT_ADDRESS, startCluster } from "../src/cluster";
 import { quickStartScript } from "../src/quickstart";
@@ -583,4 +584,104 @@ test("a branch per claim: two claims of one StorageClass get two branches, each 
   assert.deepEqual(refs.sort(), ["refs/heads/main", ...entries.map(([app]) => `refs/git-csi/archive/${volumes[app]}/claims/perclaim/${app}`)].sort());
   for (const [app, file] of entries)
     assert.equal(await git.git("perclaim.git", "show", `refs/git-csi/archive/${volumes[app]}/claims/perclaim/${app}:${file}`), app, "the archive holds the claim's writes");
+});
+
+// Appends "<pod> <n>" to /data/writes.txt every second and prints "ok <n>" once the write returned: what the application saw succeed.
+const ACKED_WRITER = `
+const fs = require("fs");
+const pod = process.env.POD;
+let n = 0;
+setInterval(() => {
+  n++;
+  try { fs.appendFileSync("/data/writes.txt", pod + " " + n + "\\n"); console.log("ok " + n); } catch (e) { console.log("write failed: " + e.code); }
+}, 1000);
+`;
+
+test("the forge away for three minutes: the volume condition turns abnormal, the driver deletes the fenced pod and its Deployment starts another, and every acknowledged write lands once the forge is back", async () => {
+  const secretRef = await repositoryWithKey("away");
+  const deployment = {
+    apiVersion: "apps/v1",
+    kind: "Deployment",
+    metadata: { name: "writer", namespace: "away" },
+    spec: {
+      replicas: 1,
+      strategy: { type: "Recreate" },
+      selector: { matchLabels: { app: "writer" } },
+      template: {
+        metadata: { labels: { app: "writer" } },
+        spec: {
+          // The new pod stages on the node that kept the tree and its commits the forge never got.
+          nodeSelector: { "kubernetes.io/hostname": "node2" },
+          terminationGracePeriodSeconds: 5,
+          containers: [
+            {
+              name: "app",
+              image: NODE_IMAGE,
+              command: ["node", "-e", ACKED_WRITER],
+              env: [{ name: "POD", valueFrom: { fieldRef: { fieldPath: "metadata.name" } } }],
+              volumeMounts: [{ name: "data", mountPath: "/data" }],
+            },
+          ],
+          volumes: [{ name: "data", persistentVolumeClaim: { claimName: "data" } }],
+        },
+      },
+    },
+  };
+  await eagerVolume("away", "ReadWriteOncePod", secretRef);
+  await apply(JSON.stringify(deployment));
+  await kubectl("rollout", "status", "deployment/writer", "-n", "away", "--timeout=180s");
+  const first = (await kubectl("get", "pods", "-n", "away", "-l", "app=writer", "-o", "jsonpath={.items[0].metadata.name}")).trim();
+  // What the first pod saw succeed, until its container ends.
+  const firstLog = kubectl("logs", "-f", first, "-n", "away");
+  await waitFor("the first pod's writes pushed", async () => nodeLines(await remoteFile("away.git", "writes.txt"), first).length >= 2, 60_000);
+
+  // The forge refuses every connection, as a server that is down does.
+  const rule = ["INPUT", "-p", "tcp", "--dport", String(git.port), "-j", "REJECT", "--reject-with", "tcp-reset"];
+  await cluster!.inNetns("iptables", ["-I", ...rule]);
+  const away = Date.now();
+  try {
+    const abnormal = await waitFor(
+      "the kubelet's VolumeConditionAbnormal on the pod",
+      async () => (await events("away")).find((e) => e.reason === "VolumeConditionAbnormal" && e.involvedObject.name === first),
+      120_000,
+    );
+    assert.match(abnormal.message, /the last push failed/);
+    const lost = await waitFor("GitVolumeEpochLost on the claim", async () => (await events("away")).find((e) => e.reason === "GitVolumeEpochLost" && e.involvedObject.name === "data"), 180_000).catch(
+      async (err: Error) => {
+        throw new Error(`${err.message}; the namespace's events: ${(await events("away")).map((e) => `${e.involvedObject.name} ${e.reason}: ${e.message}`).join("\n")}`);
+      },
+    );
+    assert.match(lost.message, /the driver deletes the pods a controller owns/);
+    await waitFor(
+      "the Deployment's new pod",
+      async () => {
+        const names = (await kubectl("get", "pods", "-n", "away", "-l", "app=writer", "-o", "jsonpath={.items[*].metadata.name}")).split(" ").filter(Boolean);
+        return names.some((n) => n !== first);
+      },
+      60_000,
+    );
+    // The outage is three minutes long, whatever the driver did meanwhile.
+    await sleep(Math.max(0, 180_000 - (Date.now() - away)));
+  } finally {
+    await cluster!.inNetns("iptables", ["-D", ...rule]);
+  }
+  const acked = Math.max(0, ...[...(await firstLog).matchAll(/^ok (\d+)$/gm)].map((m) => Number(m[1])));
+  assert.ok(acked >= 2, `the first pod saw writes succeed: ${acked}`);
+  await kubectl("rollout", "status", "deployment/writer", "-n", "away", "--timeout=300s");
+  const landed = await waitFor(
+    "every write the first pod saw succeed on main",
+    async () => {
+      const lines = nodeLines(await remoteFile("away.git", "writes.txt"), first);
+      return lines.length >= acked && lines;
+    },
+    300_000,
+  );
+  for (let n = 1; n <= acked; n++) assert.ok(landed.includes(`${first} ${n}`), `${first}'s acknowledged write ${n} is on main`);
+  // The new pod writes on the same node's stage, taken again with a fresh epoch, and its writes reach main too.
+  const pods = (await kubectl("get", "pods", "-n", "away", "-l", "app=writer", "-o", "jsonpath={.items[*].metadata.name}")).split(" ").filter(Boolean);
+  assert.equal(pods.length, 1, `one pod after the rollout: ${pods.join(", ")}`);
+  const second = pods[0];
+  assert.notEqual(second, first, "the Deployment's pod is a new one");
+  await waitFor("the new pod's writes on main", async () => nodeLines(await remoteFile("away.git", "writes.txt"), second).length >= 2, 120_000);
+  await kubectl("delete", "deployment", "writer", "-n", "away", "--wait=true", "--timeout=120s");
 });
