@@ -186,8 +186,9 @@ test: deps build kube-tools cluster-tools cluster-images images $(PJDFSTEST) lin
 demo: build
 	node e2e/dist/src/demo.js
 
+# BENCH_ARGS: bench.ts's options, e.g. --no-scale for sections 1 and 2 only (bench/README.md).
 bench: build
-	node e2e/dist/src/bench.js
+	node e2e/dist/src/bench.js $(BENCH_ARGS)
 
 clean:
 	rm -rf packages/*/dist e2e/dist packages/protos/src/gen packages/*/tsconfig.tsbuildinfo e2e/tsconfig.tsbuildinfo

@@ -1,6 +1,6 @@
 // make bench: three sections, in one run on this machine.
 //
-//   node e2e/dist/src/bench.js [--quick] [--passthrough-only | --commit-only | --scale-only] [--out DIR]
+//   node e2e/dist/src/bench.js [--quick] [--passthrough-only | --commit-only | --scale-only | --no-scale] [--out DIR]
 //
 // 1. The driver's FUSE passthrough against a plain directory and against
 //    bindfs (skipped with --commit-only or --scale-only).
@@ -9,7 +9,7 @@
 //    scan (git add --all); see bench/commit.ts (skipped with
 //    --passthrough-only or --scale-only).
 // 3. Scale: many volumes staged on one node, idle and then written once each
-//    (skipped with --passthrough-only or --commit-only).
+//    (skipped with --passthrough-only, --commit-only or --no-scale).
 //
 // The parts live in bench/: config (the command line), passthrough and its
 // workloads, commit and its ways, scale, and report (results.json and .md).
@@ -39,7 +39,7 @@ async function main(): Promise<void> {
 
   try {
     log(
-      `bench: ${config.quick ? "quick" : "full"} run${config.passthroughOnly ? ", passthrough only" : ""}${config.commitOnly ? ", commit cost only" : ""}${config.scaleOnly ? ", scale only" : ""}; scratch ${dir}`,
+      `bench: ${config.quick ? "quick" : "full"} run${config.passthroughOnly ? ", passthrough only" : ""}${config.commitOnly ? ", commit cost only" : ""}${config.scaleOnly ? ", scale only" : ""}${config.noScale ? ", no scale" : ""}; scratch ${dir}`,
     );
     const env = await environment(config);
     const results = await previousResults(config.out);
@@ -48,7 +48,7 @@ async function main(): Promise<void> {
     else results.passthrough = await runPassthrough(config, path.join(dir, "passthrough"), env);
     if (config.passthroughOnly || config.scaleOnly) kept("commitCost");
     else results.commitCost = await runCommitCost(config, path.join(dir, "commit"), env);
-    if (config.passthroughOnly || config.commitOnly) kept("scale");
+    if (config.passthroughOnly || config.commitOnly || config.noScale) kept("scale");
     else results.scale = await runScale(config.scale, path.join(dir, "scale"), env);
     process.stdout.write(`\n${await writeResults(config.out, results)}`);
   } finally {

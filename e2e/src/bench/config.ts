@@ -15,6 +15,8 @@ export interface Config {
   passthroughOnly: boolean;
   commitOnly: boolean;
   scaleOnly: boolean;
+  /** Sections 1 and 2 only: the scale section alone takes about 10 minutes. */
+  noScale: boolean;
   scale: ScaleConfig;
   out: string;
   seqMiB: number;
@@ -40,6 +42,7 @@ export function parseConfig(argv: string[]): Config {
       "passthrough-only": { type: "boolean", default: false },
       "commit-only": { type: "boolean", default: false },
       "scale-only": { type: "boolean", default: false },
+      "no-scale": { type: "boolean", default: false },
       out: { type: "string" },
     },
     strict: true,
@@ -50,6 +53,7 @@ export function parseConfig(argv: string[]): Config {
     passthroughOnly: values["passthrough-only"] === true,
     commitOnly: values["commit-only"] === true,
     scaleOnly: values["scale-only"] === true,
+    noScale: values["no-scale"] === true,
     scale: { volumes: quick ? 20 : 200, idleMs: quick ? 20_000 : 60_000 },
     out: path.resolve(values.out ?? DEFAULT_OUT),
     seqMiB: quick ? 64 : 1024,

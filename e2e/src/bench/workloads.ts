@@ -5,16 +5,18 @@ import { type Config, MiB } from "./config";
 import { checkInterrupted, exec, sh } from "./process";
 
 export const SMALL_FILE_BYTES = 4096;
-export type WorkloadId = "seq_write" | "seq_read" | "small_create" | "small_stat" | "sqlite_wal";
+export type WorkloadId = "seq_write" | "seq_read" | "small_create" | "small_stat" | "small_stat_warm" | "sqlite_wal";
 /** SQLite rows per transaction, as an application that batches its writes does. */
 export const SQLITE_BATCH = 100;
 
-export const WORKLOADS: ReadonlyArray<{ id: WorkloadId; title: (c: Config) => string; unit: string }> = [
-  { id: "seq_write", title: (c) => `sequential write, ${size(c.seqMiB)} in 1 MiB blocks, fsync`, unit: "MB/s" },
-  { id: "seq_read", title: (c) => `sequential read, ${size(c.seqMiB)} in 1 MiB blocks`, unit: "MB/s" },
-  { id: "small_create", title: (c) => `create+write+close, ${c.files.toLocaleString("en-US")} files of 4 KiB`, unit: "files/s" },
-  { id: "small_stat", title: (c) => `stat, ${c.files.toLocaleString("en-US")} files`, unit: "stats/s" },
-  { id: "sqlite_wal", title: (c) => `SQLite WAL inserts, ${c.rows.toLocaleString("en-US")} rows in transactions of ${SQLITE_BATCH}`, unit: "rows/s" },
+/** target: issue 29's "Show", the least ours/direct it asks for (none for warm stat, which it did not measure). */
+export const WORKLOADS: ReadonlyArray<{ id: WorkloadId; title: (c: Config) => string; unit: string; target?: number }> = [
+  { id: "seq_write", title: (c) => `sequential write, ${size(c.seqMiB)} in 1 MiB blocks, fsync`, unit: "MB/s", target: 0.9 },
+  { id: "seq_read", title: (c) => `sequential read, ${size(c.seqMiB)} in 1 MiB blocks`, unit: "MB/s", target: 0.9 },
+  { id: "small_create", title: (c) => `create+write+close, ${c.files.toLocaleString("en-US")} files of 4 KiB`, unit: "files/s", target: 0.8 },
+  { id: "small_stat", title: (c) => `stat, ${c.files.toLocaleString("en-US")} files`, unit: "stats/s", target: 0.8 },
+  { id: "small_stat_warm", title: (c) => `stat again, warm: the same ${c.files.toLocaleString("en-US")} files, caches kept`, unit: "stats/s" },
+  { id: "sqlite_wal", title: (c) => `SQLite WAL inserts, ${c.rows.toLocaleString("en-US")} rows in transactions of ${SQLITE_BATCH}`, unit: "rows/s", target: 0.9 },
 ];
 
 export function size(mib: number): string {
@@ -105,7 +107,7 @@ const smallCreate = (dir: string, files: number) => python(CREATE_PY, dir, Strin
 const smallStat = (dir: string, files: number) => python(STAT_PY, dir, String(files), String(SMALL_FILE_BYTES));
 const sqliteWal = (db: string, rows: number) => python(SQLITE_PY, db, String(rows), String(SQLITE_BATCH));
 
-/** One repetition of all five workloads in one base directory. */
+/** One repetition of every workload in one base directory. */
 export async function runOnce(base: string, config: Config, rep: number, record: (id: WorkloadId, value: number) => void): Promise<void> {
   const file = path.join(base, `seq-${rep}.bin`);
   await dropCaches();
@@ -119,6 +121,8 @@ export async function runOnce(base: string, config: Config, rep: number, record:
   record("small_create", await smallCreate(dir, config.files));
   await dropCaches();
   record("small_stat", await smallStat(dir, config.files));
+  // No drop: an application re-reading its configuration finds what the kernel kept.
+  record("small_stat_warm", await smallStat(dir, config.files));
   await sh('rm -rf -- "$1"', dir);
 
   const db = path.join(base, `sqlite-${rep}.db`);
