@@ -8,6 +8,7 @@ import type { CredentialBroker } from "./remote/broker";
 import { provisionBranch, retireBranch } from "./trees/branches";
 import { removeTree } from "./trees/gc";
 import { claimMount, dropPrepared, type Prepared, prepareVolume } from "./trees/prepare";
+import { checkoutReader, releaseReader } from "./trees/reader";
 import { type RenewalMember, renewMounts } from "./lease/renewal";
 import type { Store } from "./trees/store";
 import type { VolumeSync } from "./sync/sync";
@@ -114,6 +115,10 @@ export function gitWorkerService(deps: GitWorkerDeps): gitWorker.GitWorkerServer
     retireBranch: unary("retire_branch", logger, (request: gitWorker.RetireBranchRequest) => retireBranch(deps, request)),
 
     getReport: unary("report", logger, async (request: gitWorker.GetReportRequest) => syncOf(required(request.volumeId, "volume_id")).report()),
+
+    checkoutReader: unary("checkout_reader", logger, (request: gitWorker.CheckoutReaderRequest) => checkoutReader(deps, request)),
+
+    releaseReader: unary("release_reader", logger, (request: gitWorker.ReleaseReaderRequest) => releaseReader(deps, request)),
   };
 }
 

@@ -1,8 +1,9 @@
 import * as fs from "node:fs/promises";
-import { failedPrecondition, type gitcsi, gitWorker, type mountOwner, required } from "@git-csi/protos";
+import { failedPrecondition, type gitcsi, gitWorker, isReader, type mountOwner, required } from "@git-csi/protos";
 import type { Owner, StagedMount } from "./context";
 import type { EpochFence } from "./fuse/binding";
 import { fuseSource, readMountTable, unmountAll } from "./mounts";
+import { unstageReader } from "./reader";
 import { newSession, readSession, removeSession, type SessionRecord, writeSession } from "./session";
 import { epochLost, type LiveSession, servingDeadline, withMaterial } from "./sessions";
 import { checkIdentity, type VolumeRecord } from "./state";
@@ -132,6 +133,7 @@ async function mountsOf(volumeId: string, stagingPath?: string): Promise<string[
 export async function unstage(owner: Owner, request: mountOwner.UnstageVolumeRequest, volumeId: string): Promise<mountOwner.UnstageVolumeResponse> {
   const stagingPath = required(request.stagingPath, "staging_target_path");
   const record = await owner.state.checkUnpublished(volumeId);
+  if (record && isReader(record.accessMode)) return unstageReader(owner, record, stagingPath);
   // The persisted epoch serves a mount owner that restarted since the stage.
   const persisted = await readSession(stagingPath, { volumeId, node: owner.deps.nodeId }).catch((err: Error) => {
     // A record a stage would refuse names no epoch this node may release: its lease runs out by itself.

@@ -63,6 +63,16 @@ export class WorkerLink {
     return { ...tree, ...claimed };
   }
 
+  /** A read-only volume's ref fetched and its commit checked out; `serving`, the directory the mount serves now, is kept. */
+  checkoutReader(volumeId: string, source: gitcsi.VolumeSource, credential: gitcsi.Credential | undefined, serving: string): Promise<gitWorker.CheckoutReaderResponse> {
+    return call(this.worker.checkoutReader.bind(this.worker), { volumeId, source, credential, serving }, WORKER_TIMEOUT_MS);
+  }
+
+  /** A read-only volume left the node: its checkouts go. */
+  async releaseReader(volumeId: string, source: gitcsi.VolumeSource): Promise<void> {
+    await call(this.worker.releaseReader.bind(this.worker), { volumeId, source }, REMOVE_TIMEOUT_MS);
+  }
+
   /** renew_mount of every session's epoch, in one call per renewal interval (renewals.ts). */
   renewLeases(): NodeJS.Timeout {
     return renewEvery({
