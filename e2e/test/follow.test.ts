@@ -1,10 +1,19 @@
 import assert from "node:assert/strict";
+import * as fs from "node:fs/promises";
+import * as path from "node:path";
 import { after, before, describe, test } from "node:test";
+import { setTimeout as sleep } from "node:timers/promises";
+import { status } from "@grpc/grpc-js";
 import { csi } from "@git-csi/protos";
-import { type Driver, type PublishedVolume, stageAndPublish, startDriver, unpublishAndUnstage } from "../src/driver";
+import { type Driver, type PublishedVolume, refused, setVolumeClass, stageAndPublish, startDriver, unpublishAndUnstage, waitFor } from "../src/driver";
 import { type GitServer, fetchOnly, startGitDaemon } from "../src/git-server";
 
 const READER = csi.VolumeCapability_AccessMode_Mode.MULTI_NODE_READER_ONLY;
+
+/** A reader volume of the repository, as a static PersistentVolume names it. */
+function readerVolume(volumeId: string, url: string): csi.Volume {
+  return { volumeId, capacityBytes: 0, volumeContext: { url, ref: "main" }, contentSource: undefined, accessibleTopology: [] };
+}
 
 /** Every ref the remote holds, as `git ls-remote` lists them: the remote's whole state as a client sees it. */
 async function remoteRefs(server: GitServer, repo: string): Promise<string> {
@@ -44,7 +53,7 @@ describe("read-only volumes: many nodes serve one ref, write nothing, claim noth
 
   test("two nodes stage one ReadOnlyMany volume: both serve the tree, every write fails with EROFS, and the remote's refs do not change", async () => {
     const before = await remoteRefs(server, repo);
-    const volume: csi.Volume = { volumeId: "dashboards", capacityBytes: 0, volumeContext: { url: server.url(repo), ref: "main" }, contentSource: undefined, accessibleTopology: [] };
+    const volume = readerVolume("dashboards", server.url(repo));
     const published: PublishedVolume[] = [];
     for (const [i, node] of nodes.entries()) published.push(await stageAndPublish(node, volume, READER, `viewer-${i}`));
     for (const [i, node] of nodes.entries()) {
@@ -68,5 +77,114 @@ describe("read-only volumes: many nodes serve one ref, write nothing, claim noth
     assert.equal(await remoteRefs(server, repo), before, "the remote's refs changed");
     assert.doesNotMatch(await remoteRefs(server, repo), /refs\/git-csi\//);
     assert.deepEqual(await pushes(), [], "a reader tried to push");
+  });
+});
+
+/** A file of one commit: 64 KiB of lines that each name the commit and the file, so a torn read shows two numbers. */
+function content(commit: number, file: string): string {
+  return `commit ${commit} ${file}\n`.repeat(Math.ceil(65_536 / `commit ${commit} ${file}\n`.length));
+}
+
+/** The commit a whole file names; a file whose lines name two commits, or that is not a whole file of one, fails. */
+function commitOf(text: string, file: string): number {
+  const n = Number(/^commit (\d+) /.exec(text)?.[1]);
+  assert.ok(Number.isInteger(n) && text === content(n, file), `${file} is torn or mixed: ${text.length} bytes, starting ${JSON.stringify(text.slice(0, 40))}`);
+  return n;
+}
+
+function percentile(values: number[], p: number): number {
+  const sorted = [...values].sort((a, b) => a - b);
+  return sorted[Math.min(sorted.length - 1, Math.floor(p * sorted.length))]!;
+}
+
+describe("following: a read-only volume serves each new commit of its ref, switched whole at the mount's root", () => {
+  const repo = "site.git";
+  const INTERVAL_MS = 1000;
+  const COMMITS = 200;
+  let server: GitServer;
+  let driver: Driver | undefined;
+
+  before(async () => {
+    server = await startGitDaemon();
+    await server.createRepo(repo, { files: { "a.txt": content(0, "a"), "b.txt": content(0, "b") } });
+    driver = await startDriver({ nodeId: "follower" });
+  });
+
+  // Never throws: a hook that fails would leave the driver and its mounts running.
+  after(async () => {
+    await driver?.stop().catch((err: Error) => console.error(`stopping the driver: ${err.message}`));
+    await server?.stop().catch((err: Error) => console.error(`stopping the git server: ${err.message}`));
+  });
+
+  test("a bad follow.interval is refused naming the field, and the volume keeps its class", async () => {
+    const node = driver!;
+    const volume = await stageAndPublish(node, readerVolume("bad-interval", server.url(repo)), READER, "bad-interval");
+    await refused(setVolumeClass(node, volume.volumeId, { "follow.interval": "often" }), status.INVALID_ARGUMENT, [/follow\.interval/, /"often" is not a duration/]);
+    await refused(setVolumeClass(node, volume.volumeId, { "follow.interval": "100ms" }), status.INVALID_ARGUMENT, [/follow\.interval/, /from 1s/]);
+    await unpublishAndUnstage(node, volume);
+  });
+
+  test(`${COMMITS} upstream commits: readers never see a torn file or an older commit after a newer one, an open file keeps its content, and each commit shows within the interval plus 2 s`, async () => {
+    const node = driver!;
+    const volume = await stageAndPublish(node, readerVolume("site", server.url(repo)), READER, "site");
+    const target = volume.targetPath;
+    await setVolumeClass(node, volume.volumeId, { "follow.interval": `${INTERVAL_MS / 1000}s` });
+    const held = await fs.open(path.join(target, "a.txt"));
+    const pushedAt: number[] = [0];
+    const seenAt: number[] = [0];
+    let writing = true;
+    // Once the writer stops, the readers wait this long at most for the last commit.
+    let readUntil = Infinity;
+    /** One reader: a, then b, again and again; b is never older than a, and neither older than what it saw before. */
+    const reader = async () => {
+      let last = 0;
+      let reads = 0;
+      while (writing || (last < COMMITS && Date.now() < readUntil)) {
+        const a = commitOf(await fs.readFile(path.join(target, "a.txt"), "utf8"), "a");
+        const b = commitOf(await fs.readFile(path.join(target, "b.txt"), "utf8"), "b");
+        assert.ok(a >= last && b >= a, `read commit ${a} then ${b} after ${last}`);
+        for (let n = last + 1; n <= b; n++) seenAt[n] ??= Date.now();
+        last = b;
+        reads++;
+      }
+      return reads;
+    };
+    const readers = [reader(), reader(), reader()];
+    for (let n = 1; n <= COMMITS; n++) {
+      await server.commitFiles(repo, { "a.txt": content(n, "a"), "b.txt": content(n, "b") }, { message: `commit ${n}` });
+      pushedAt[n] = Date.now();
+      // An upstream that pushes at its own pace, faster than the interval: many commits land between two fetches.
+      await sleep(50);
+    }
+    writing = false;
+    readUntil = Date.now() + INTERVAL_MS + 5000;
+    const reads = await Promise.all(readers);
+    // The descriptor opened before the first switch still reads the commit it opened, whole.
+    assert.equal(commitOf((await held.readFile()).toString("utf8"), "a"), 0);
+    await held.close();
+    const lags = pushedAt.slice(1).map((at, i) => (seenAt[i + 1] ?? Infinity) - at);
+    const median = percentile(lags, 0.5);
+    const worst = Math.max(...lags);
+    console.log(`follow: ${COMMITS} commits, ${reads.join("+")} pair reads; lag from push to visible: median ${median} ms, worst ${worst} ms (interval ${INTERVAL_MS} ms)`);
+    assert.ok(worst <= INTERVAL_MS + 2000, `a commit became visible ${worst} ms after its push`);
+    assert.match(node.logs(), /"reason":"GitVolumeUpdated"/);
+    assert.doesNotMatch(await server.git(repo, "for-each-ref"), /refs\/git-csi\//);
+    await unpublishAndUnstage(node, volume);
+  });
+
+  test("a fetch that fails keeps the last commit served and says so; the next one that works serves the new commit", async () => {
+    const node = driver!;
+    const volume = await stageAndPublish(node, readerVolume("outage", server.url(repo)), READER, "outage");
+    await setVolumeClass(node, volume.volumeId, { "follow.interval": "1s" });
+    const served = await fs.readFile(path.join(volume.targetPath, "a.txt"), "utf8");
+    // The forge loses the repository for a while.
+    await fs.rename(server.repoPath(repo), `${server.repoPath(repo)}.away`);
+    await waitFor("a failed fetch reported", async () => /"reason":"GitVolumeFetchFailed"[^\n]*"volume":"outage"|"volume":"outage"[^\n]*"reason":"GitVolumeFetchFailed"/.test(node.logs()));
+    assert.equal(await fs.readFile(path.join(volume.targetPath, "a.txt"), "utf8"), served);
+    await fs.rename(`${server.repoPath(repo)}.away`, server.repoPath(repo));
+    const next = commitOf(served, "a") + 1;
+    await server.commitFiles(repo, { "a.txt": content(next, "a"), "b.txt": content(next, "b") }, { message: `commit ${next}` });
+    await waitFor("the new commit served", async () => commitOf(await fs.readFile(path.join(volume.targetPath, "a.txt"), "utf8"), "a") === next);
+    await unpublishAndUnstage(node, volume);
   });
 });

@@ -20,6 +20,8 @@ export interface StagedMount {
   sync(): Promise<boolean>;
   /** The tree moved behind the mount: the kernel forgets the entries and attributes it cached. */
   invalidate(): void;
+  /** A read-only volume's mount serves another commit's tree from now on, switched at the root in one step. */
+  switchRoot(treePath: string): void;
 }
 
 export interface MountOwnerDeps {

@@ -1,8 +1,10 @@
 import * as fs from "node:fs/promises";
+import { parseClassParameters } from "@git-csi/config";
 import { failedPrecondition, type gitcsi, type mountOwner, required } from "@git-csi/protos";
 import type { Owner, StagedMount } from "./context";
 import { bindMount, isMountPoint, remountReadOnly, unmountAll } from "./mounts";
 import { withMaterial } from "./sessions";
+import { plannedRecord } from "./stage";
 import { checkIdentity, checkMode, type VolumeRecord } from "./state";
 
 /**
@@ -18,6 +20,10 @@ export interface ReaderMount {
   commit: string;
   /** The stage's Secret, in memory only, for the fetches that follow the ref. */
   credential?: gitcsi.Credential;
+  /** The class's follow.interval; unset, the mount serves the commit of its stage. */
+  intervalMs?: number;
+  /** The next fetch, while none runs. */
+  next?: NodeJS.Timeout;
 }
 
 /** A reader's mount serves until it is unmounted: no lease ends it. */
@@ -31,17 +37,75 @@ export async function stageReader(owner: Owner, request: mountOwner.StageVolumeR
   if (existing) checkIdentity(existing, source, request.accessMode);
   const live = owner.readers.get(volumeId);
   if (live) return continueStaged(volumeId, stagingPath, live);
+  const planned = await plannedRecord(owner, request, volumeId, existing, 0);
+  // A bad class refuses the stage before anything is fetched or mounted.
+  const intervalMs = followInterval(planned.volumeClass);
   const credential = withMaterial(request.credential);
-  const checkout = await owner.link.checkoutReader(volumeId, source, credential, "");
+  const checkout = await owner.link.checkoutReader(planned, credential, "");
   await unmountAll(stagingPath);
   await fs.mkdir(stagingPath, { recursive: true });
   const mount = await owner.deps.mountTree(volumeId, checkout.treePath, stagingPath, NO_EPOCH);
   await readOnlyOrUnmounted(stagingPath, mount);
-  owner.readers.set(volumeId, { stagingPath, mount, treePath: checkout.treePath, commit: checkout.commit, credential });
-  const record: VolumeRecord = { ...(existing ?? { volumeId, source, accessMode: request.accessMode, targets: [] }), stagingPath, treePath: checkout.treePath };
-  await owner.state.recordStaged(record);
-  owner.logger.info("staged read-only", { volume: volumeId, operation: "stage", head: checkout.commit });
+  // From the stage on the kernel caches no entry, so a class that makes it follow later finds none.
+  mount.switchRoot(checkout.treePath);
+  const reader: ReaderMount = { stagingPath, mount, treePath: checkout.treePath, commit: checkout.commit, credential };
+  owner.readers.set(volumeId, reader);
+  await owner.state.recordStaged({ ...planned, treePath: checkout.treePath });
+  follow(owner, volumeId, reader, intervalMs);
+  owner.logger.info("staged read-only", { volume: volumeId, claim: planned.claim?.name, operation: "stage", head: checkout.commit, followMs: intervalMs });
   return {};
+}
+
+/** The class's follow.interval; a bad class throws InvalidArgument naming the parameter, and nothing changes. */
+function followInterval(volumeClass: gitcsi.VolumeClass | undefined): number | undefined {
+  return volumeClass ? parseClassParameters(volumeClass.parameters).followMs : undefined;
+}
+
+/** A staged reader takes its class: it follows at the class's interval from now on, or stops following. */
+export function setReaderClass(owner: Owner, volumeId: string, volumeClass: gitcsi.VolumeClass | undefined): void {
+  const reader = owner.readers.get(volumeId);
+  if (reader) follow(owner, volumeId, reader, followInterval(volumeClass));
+}
+
+/** One fetch every interval, never two at once; none without an interval. */
+function follow(owner: Owner, volumeId: string, reader: ReaderMount, intervalMs: number | undefined): void {
+  clearTimeout(reader.next);
+  reader.next = undefined;
+  reader.intervalMs = intervalMs;
+  if (intervalMs !== undefined) scheduleFetch(owner, volumeId, reader);
+}
+
+function scheduleFetch(owner: Owner, volumeId: string, reader: ReaderMount): void {
+  reader.next = setTimeout(() => {
+    reader.next = undefined;
+    void owner.perVolume
+      .run(volumeId, () => fetchAndSwitch(owner, volumeId, reader))
+      .finally(() => {
+        // A class change during the fetch scheduled the next one already; an unstage ended the reader.
+        if (reader.next === undefined && reader.intervalMs !== undefined && owner.readers.get(volumeId) === reader) scheduleFetch(owner, volumeId, reader);
+      });
+  }, reader.intervalMs);
+  reader.next.unref();
+}
+
+/**
+ * One fetch of a following reader: a new commit is served at once, switched
+ * at the mount's root; a fetch that fails keeps the last commit served (the
+ * worker posts GitVolumeFetchFailed, and GitVolumeUpdated for a new commit).
+ */
+async function fetchAndSwitch(owner: Owner, volumeId: string, reader: ReaderMount): Promise<void> {
+  const record = await owner.state.volume(volumeId);
+  if (owner.readers.get(volumeId) !== reader || !record) return;
+  const log = { volume: volumeId, claim: record.claim?.name, operation: "follow" };
+  const checkout = await owner.link.checkoutReader(record, reader.credential, reader.treePath).catch((err: Error) => {
+    owner.logger.warn(`the fetch failed; the mount keeps serving commit ${reader.commit}: ${err.message}`, log);
+    return undefined;
+  });
+  if (!checkout || checkout.treePath === reader.treePath) return;
+  reader.mount.switchRoot(checkout.treePath);
+  owner.logger.info(`serves commit ${checkout.commit}, was ${reader.commit}`, { ...log, head: checkout.commit });
+  Object.assign(reader, { treePath: checkout.treePath, commit: checkout.commit });
+  await owner.state.recordStaged({ ...record, treePath: checkout.treePath });
 }
 
 /** A mount that could not be made read-only is not served at all: no write may be taken and dropped. */
@@ -60,9 +124,12 @@ function continueStaged(volumeId: string, stagingPath: string, live: ReaderMount
 }
 
 /** NodeUnstageVolume of a read-only volume: its mount and its checkouts go; there is nothing to push or release. */
-export async function unstageReader(owner: Owner, record: VolumeRecord, stagingPath: string): Promise<mountOwner.UnstageVolumeResponse> {
-  const { volumeId } = record;
-  await owner.readers.get(volumeId)?.mount.unmount();
+export async function unstageReader(owner: Owner, request: mountOwner.UnstageVolumeRequest, volumeId: string): Promise<mountOwner.UnstageVolumeResponse> {
+  const stagingPath = required(request.stagingPath, "staging_target_path");
+  const record = (await owner.state.checkUnpublished(volumeId))!;
+  const reader = owner.readers.get(volumeId);
+  if (reader) follow(owner, volumeId, reader, undefined);
+  await reader?.mount.unmount();
   await unmountAll(stagingPath);
   owner.readers.delete(volumeId);
   await owner.link.releaseReader(volumeId, record.source);

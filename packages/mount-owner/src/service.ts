@@ -6,7 +6,7 @@ import type { MountOwnerDeps, Owner, StagedMount, WatchedVolume } from "./contex
 import { createVolume, deleteVolume, modifyVolume, setVolumeClass } from "./controller";
 import type { EpochFence } from "./fuse/binding";
 import { publish, unpublish } from "./publish";
-import { stageReader } from "./reader";
+import { stageReader, unstageReader } from "./reader";
 import { resume, type StagedPaths } from "./resume";
 import { MountSessions } from "./sessions";
 import { stage, unstage } from "./stage";
@@ -97,7 +97,10 @@ function mountOwnerService(owner: Owner): mountOwner.MountOwnerServer {
       return {};
     }),
     stageVolume: serialized("stage", (request: mountOwner.StageVolumeRequest, volumeId) => (isReader(request.accessMode) ? stageReader : stage)(owner, request, volumeId)),
-    unstageVolume: serialized("unstage", (request: mountOwner.UnstageVolumeRequest, volumeId) => unstage(owner, request, volumeId)),
+    unstageVolume: serialized("unstage", async (request: mountOwner.UnstageVolumeRequest, volumeId) => {
+      const record = await state.volume(volumeId);
+      return (record && isReader(record.accessMode) ? unstageReader : unstage)(owner, request, volumeId);
+    }),
     publishVolume: serialized("publish", (request: mountOwner.PublishVolumeRequest, volumeId) => publish(owner, request, volumeId)),
     unpublishVolume: serialized("unpublish", (request: mountOwner.UnpublishVolumeRequest, volumeId) => unpublish(owner, request, volumeId)),
     syncMount: unary("sync_mount", logger, async (request: mountOwner.SyncMountRequest) => ({ mounted: await syncMount(owner, required(request.volumeId, "volume_id")) })),

@@ -1,9 +1,8 @@
 import * as fs from "node:fs/promises";
-import { failedPrecondition, type gitcsi, gitWorker, isReader, type mountOwner, required } from "@git-csi/protos";
+import { failedPrecondition, type gitcsi, gitWorker, type mountOwner, required } from "@git-csi/protos";
 import type { Owner, StagedMount } from "./context";
 import type { EpochFence } from "./fuse/binding";
 import { fuseSource, readMountTable, unmountAll } from "./mounts";
-import { unstageReader } from "./reader";
 import { newSession, readSession, removeSession, type SessionRecord, writeSession } from "./session";
 import { epochLost, type LiveSession, servingDeadline, withMaterial } from "./sessions";
 import { checkIdentity, type VolumeRecord } from "./state";
@@ -52,7 +51,7 @@ function sessionBase(owner: Owner, volumeId: string, accessMode: gitcsi.AccessMo
 }
 
 /** The record the stage will write: the watch's class and claim override what the node recorded. */
-async function plannedRecord(owner: Owner, request: mountOwner.StageVolumeRequest, volumeId: string, existing: VolumeRecord | undefined, generation: number): Promise<VolumeRecord> {
+export async function plannedRecord(owner: Owner, request: mountOwner.StageVolumeRequest, volumeId: string, existing: VolumeRecord | undefined, generation: number): Promise<VolumeRecord> {
   const watched = owner.watched.get(volumeId);
   const volumeClass = watched ? watched.volumeClass : (existing?.volumeClass ?? (await provisionedClass(owner, volumeId)));
   return {
@@ -109,7 +108,7 @@ export async function startSession(owner: Owner, volumeId: string, begun: Omit<L
   const started: LiveSession = {
     ...begun,
     // Until the mount is made nothing is mounted, so no page waits for a sync.
-    mount: { unmount: async () => undefined, serveUntil: () => undefined, fence: () => undefined, sync: async () => false, invalidate: () => undefined },
+    mount: { unmount: async () => undefined, serveUntil: () => undefined, fence: () => undefined, sync: async () => false, invalidate: () => undefined, switchRoot: () => undefined },
   };
   owner.sessions.add(volumeId, started);
   try {
@@ -133,7 +132,6 @@ async function mountsOf(volumeId: string, stagingPath?: string): Promise<string[
 export async function unstage(owner: Owner, request: mountOwner.UnstageVolumeRequest, volumeId: string): Promise<mountOwner.UnstageVolumeResponse> {
   const stagingPath = required(request.stagingPath, "staging_target_path");
   const record = await owner.state.checkUnpublished(volumeId);
-  if (record && isReader(record.accessMode)) return unstageReader(owner, record, stagingPath);
   // The persisted epoch serves a mount owner that restarted since the stage.
   const persisted = await readSession(stagingPath, { volumeId, node: owner.deps.nodeId }).catch((err: Error) => {
     // A record a stage would refuse names no epoch this node may release: its lease runs out by itself.

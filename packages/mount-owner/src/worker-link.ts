@@ -64,8 +64,9 @@ export class WorkerLink {
   }
 
   /** A read-only volume's ref fetched and its commit checked out; `serving`, the directory the mount serves now, is kept. */
-  checkoutReader(volumeId: string, source: gitcsi.VolumeSource, credential: gitcsi.Credential | undefined, serving: string): Promise<gitWorker.CheckoutReaderResponse> {
-    return call(this.worker.checkoutReader.bind(this.worker), { volumeId, source, credential, serving }, WORKER_TIMEOUT_MS);
+  checkoutReader(record: VolumeRecord, credential: gitcsi.Credential | undefined, serving: string): Promise<gitWorker.CheckoutReaderResponse> {
+    const request = { volumeId: record.volumeId, source: record.source, credential, serving, claim: record.claim, pods: Object.values(record.pods ?? {}) };
+    return call(this.worker.checkoutReader.bind(this.worker), request, WORKER_TIMEOUT_MS);
   }
 
   /** A read-only volume left the node: its checkouts go. */

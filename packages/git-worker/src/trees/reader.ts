@@ -1,7 +1,8 @@
 import { randomBytes } from "node:crypto";
 import * as fs from "node:fs/promises";
 import * as path from "node:path";
-import { type gitWorker, required, unavailable } from "@git-csi/protos";
+import { type EventType, Reason, type ReasonName } from "@git-csi/config";
+import { type CsiError, type gitWorker, required, unavailable } from "@git-csi/protos";
 import { RemoteAccess } from "../remote/access";
 import { parseCredential } from "../remote/credential";
 import { gitMessage, runGit } from "../remote/git";
@@ -34,14 +35,26 @@ export async function checkoutReader(deps: GitWorkerDeps, request: gitWorker.Che
   try {
     return await deps.perRepository.run(store.repoDir(source.url), async () => {
       await store.ensureRepo(source.url);
-      const commit = await fetchReader(store, source.url, branch, volumeId, access);
+      const commit = await fetchReader(store, source.url, branch, volumeId, access).catch((err: CsiError) => {
+        if (request.serving) tell(deps, request, "Warning", Reason.FetchFailed, `${err.message}; the volume keeps serving commit ${path.basename(request.serving)} and is behind its ref`);
+        throw err;
+      });
       const treePath = await checkedOut(store, source.url, volumeId, commit);
       await removeCheckouts(store, volumeId, [treePath, request.serving]);
+      if (request.serving && treePath !== request.serving) tell(deps, request, "Normal", Reason.Updated, `serves commit ${commit} of ${branch}, was ${path.basename(request.serving)}`);
       return { treePath, commit };
     });
   } finally {
     access.close();
   }
+}
+
+/** A following volume's event, on its claim and pods and in the log. */
+function tell(deps: GitWorkerDeps, request: gitWorker.CheckoutReaderRequest, type: EventType, reason: ReasonName, message: string): void {
+  const { claim, pods, volumeId } = request;
+  deps.logger.log(type === "Warning" ? "warn" : "info", message, { volume: volumeId, claim: claim?.name, operation: "follow", reason });
+  if (claim?.name) deps.events?.record({ kind: "PersistentVolumeClaim", namespace: claim.namespace, name: claim.name, uid: claim.uid || undefined }, type, reason, message);
+  for (const pod of pods) deps.events?.record({ kind: "Pod", namespace: pod.namespace, name: pod.name, uid: pod.uid || undefined }, type, reason, message);
 }
 
 /** The ref's commit on the remote now; a ref the remote lacks is the stage's FailedPrecondition. */
