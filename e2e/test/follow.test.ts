@@ -10,6 +10,14 @@ import { type GitServer, fetchOnly, startGitDaemon } from "../src/git-server";
 
 const READER = csi.VolumeCapability_AccessMode_Mode.MULTI_NODE_READER_ONLY;
 
+/** A log line of the driver holds every fragment. */
+function logged(driver: Driver, ...fragments: string[]): boolean {
+  return driver
+    .logs()
+    .split("\n")
+    .some((line) => fragments.every((f) => line.includes(f)));
+}
+
 /** A reader volume of the repository, as a static PersistentVolume names it. */
 function readerVolume(volumeId: string, url: string): csi.Volume {
   return { volumeId, capacityBytes: 0, volumeContext: { url, ref: "main" }, contentSource: undefined, accessibleTopology: [] };
@@ -167,7 +175,7 @@ describe("following: a read-only volume serves each new commit of its ref, switc
     const worst = Math.max(...lags);
     console.log(`follow: ${COMMITS} commits, ${reads.join("+")} pair reads; lag from push to visible: median ${median} ms, worst ${worst} ms (interval ${INTERVAL_MS} ms)`);
     assert.ok(worst <= INTERVAL_MS + 2000, `a commit became visible ${worst} ms after its push`);
-    assert.match(node.logs(), /"reason":"GitVolumeUpdated"/);
+    assert.ok(logged(node, '"reason":"GitVolumeUpdated"', '"volume":"site"'));
     assert.doesNotMatch(await server.git(repo, "for-each-ref"), /refs\/git-csi\//);
     await unpublishAndUnstage(node, volume);
   });
@@ -179,12 +187,30 @@ describe("following: a read-only volume serves each new commit of its ref, switc
     const served = await fs.readFile(path.join(volume.targetPath, "a.txt"), "utf8");
     // The forge loses the repository for a while.
     await fs.rename(server.repoPath(repo), `${server.repoPath(repo)}.away`);
-    await waitFor("a failed fetch reported", async () => /"reason":"GitVolumeFetchFailed"[^\n]*"volume":"outage"|"volume":"outage"[^\n]*"reason":"GitVolumeFetchFailed"/.test(node.logs()));
+    await waitFor("a failed fetch reported", async () => logged(node, '"reason":"GitVolumeFetchFailed"', '"volume":"outage"'));
     assert.equal(await fs.readFile(path.join(volume.targetPath, "a.txt"), "utf8"), served);
     await fs.rename(`${server.repoPath(repo)}.away`, server.repoPath(repo));
     const next = commitOf(served, "a") + 1;
     await server.commitFiles(repo, { "a.txt": content(next, "a"), "b.txt": content(next, "b") }, { message: `commit ${next}` });
     await waitFor("the new commit served", async () => commitOf(await fs.readFile(path.join(volume.targetPath, "a.txt"), "utf8"), "a") === next);
+    await unpublishAndUnstage(node, volume);
+  });
+
+  test("a mount owner killed and restarted serves the kept mount again, read-only, and it goes on following", async () => {
+    const node = driver!;
+    const volume = await stageAndPublish(node, readerVolume("restarted", server.url(repo)), READER, "restarted");
+    await setVolumeClass(node, volume.volumeId, { "follow.interval": "1s" });
+    const file = path.join(volume.targetPath, "a.txt");
+    const served = commitOf(await fs.readFile(file, "utf8"), "a");
+    const pid = await node.pid("mount-owner");
+    process.kill(pid, "SIGKILL");
+    await waitFor("a new mount owner", async () => (await node.pid("mount-owner")) !== pid);
+    await waitFor("the kept mount resumed", async () => logged(node, '"resumed read-only"', '"volume":"restarted"'));
+    assert.equal(commitOf(await fs.readFile(file, "utf8"), "a"), served);
+    assert.match(await refusedWrite(node, `echo x > '${file}'`), /Read-only file system/);
+    const next = served + 1;
+    await server.commitFiles(repo, { "a.txt": content(next, "a"), "b.txt": content(next, "b") }, { message: `commit ${next}` });
+    await waitFor("the new commit served after the restart", async () => commitOf(await fs.readFile(file, "utf8"), "a") === next);
     await unpublishAndUnstage(node, volume);
   });
 });

@@ -1,9 +1,12 @@
 import * as fs from "node:fs/promises";
+import * as path from "node:path";
 import { parseClassParameters } from "@git-csi/config";
 import { failedPrecondition, type gitcsi, type mountOwner, required } from "@git-csi/protos";
 import type { Owner, StagedMount } from "./context";
+import type { EpochFence } from "./fuse/binding";
 import { bindMount, isMountPoint, remountReadOnly, unmountAll } from "./mounts";
 import { withMaterial } from "./sessions";
+import type { StagedPaths } from "./resume";
 import { plannedRecord } from "./stage";
 import { checkIdentity, checkMode, type VolumeRecord } from "./state";
 
@@ -24,6 +27,21 @@ export interface ReaderMount {
   intervalMs?: number;
   /** The next fetch, while none runs. */
   next?: NodeJS.Timeout;
+}
+
+/** A kept connection of a read-only volume, served again after a restart: it has no epoch to check, and it follows as its class says. */
+export async function resumeReader(owner: Owner, record: VolumeRecord, paths: StagedPaths, serve: (paths: StagedPaths, fence: EpochFence) => Promise<StagedMount>): Promise<true> {
+  const { volumeId } = record;
+  const { stagingPath, treePath } = paths;
+  const mount = await serve(paths, NO_EPOCH);
+  // A new server: it caches no entry either.
+  mount.switchRoot(treePath);
+  // The Secret comes back with the kubelet's next publish; until then a private remote's fetch fails and says so.
+  const reader: ReaderMount = { stagingPath, mount, treePath, commit: path.basename(treePath) };
+  owner.readers.set(volumeId, reader);
+  follow(owner, volumeId, reader, followInterval(record.volumeClass));
+  owner.logger.info("resumed read-only", { volume: volumeId, claim: record.claim?.name, operation: "fuse_resume", head: reader.commit });
+  return true;
 }
 
 /** A reader's mount serves until it is unmounted: no lease ends it. */
@@ -145,6 +163,8 @@ export async function publishReader(owner: Owner, record: VolumeRecord, request:
   checkMode(record, request.accessMode);
   const live = owner.readers.get(volumeId);
   if (!live || live.stagingPath !== request.stagingPath) throw failedPrecondition(`volume ${volumeId} is not staged at ${request.stagingPath}; stage it before publishing`);
+  // The kubelet's republish brings a rotated Secret, and the Secret back to a restarted mount owner.
+  live.credential = withMaterial(request.credential) ?? live.credential;
   if (record.targets.includes(targetPath) && (await isMountPoint(targetPath))) return {};
   await fs.mkdir(targetPath, { recursive: true });
   await bindMount(live.stagingPath, targetPath, true);
