@@ -5,10 +5,11 @@ import { after, before, describe, test } from "node:test";
 import { setTimeout as sleep } from "node:timers/promises";
 import { status } from "@grpc/grpc-js";
 import { csi } from "@git-csi/protos";
-import { type Driver, type PublishedVolume, refused, setVolumeClass, stageAndPublish, startDriver, unpublishAndUnstage, waitFor } from "../src/driver";
+import { type Driver, freePort, metricsText, metricValue, type PublishedVolume, refused, report, run, setVolumeClass, stageAndPublish, startDriver, unpublishAndUnstage, waitFor } from "../src/driver";
 import { type GitServer, fetchOnly, startGitDaemon } from "../src/git-server";
 
 const READER = csi.VolumeCapability_AccessMode_Mode.MULTI_NODE_READER_ONLY;
+const CLI = path.join(__dirname, "..", "..", "..", "packages", "cli", "dist", "src", "main.js");
 
 /** A log line of the driver holds every fragment. */
 function logged(driver: Driver, ...fragments: string[]): boolean {
@@ -115,7 +116,7 @@ describe("following: a read-only volume serves each new commit of its ref, switc
   before(async () => {
     server = await startGitDaemon();
     await server.createRepo(repo, { files: { "a.txt": content(0, "a"), "b.txt": content(0, "b") } });
-    driver = await startDriver({ nodeId: "follower" });
+    driver = await startDriver({ nodeId: "follower", metricsPort: await freePort() });
   });
 
   // Never throws: a hook that fails would leave the driver and its mounts running.
@@ -180,19 +181,36 @@ describe("following: a read-only volume serves each new commit of its ref, switc
     await unpublishAndUnstage(node, volume);
   });
 
-  test("a fetch that fails keeps the last commit served and says so; the next one that works serves the new commit", async () => {
+  test("a fetch that fails keeps the last commit served and says so in the events, the report and the metrics; the next one that works serves the new commit", async () => {
     const node = driver!;
     const volume = await stageAndPublish(node, readerVolume("outage", server.url(repo)), READER, "outage");
     await setVolumeClass(node, volume.volumeId, { "follow.interval": "1s" });
     const served = await fs.readFile(path.join(volume.targetPath, "a.txt"), "utf8");
+    const servedCommit = await server.git(repo, "rev-parse", "main");
+    assert.equal((await report(node, "outage")).servedCommit, servedCommit);
+    assert.equal(metricValue(await metricsText(node), "git_csi_served_commit", "outage"), 1);
+    assert.match(await metricsText(node), new RegExp(`git_csi_served_commit\\{[^}]*claim="outage",commit="${servedCommit}"\\} 1`));
     // The forge loses the repository for a while.
     await fs.rename(server.repoPath(repo), `${server.repoPath(repo)}.away`);
     await waitFor("a failed fetch reported", async () => logged(node, '"reason":"GitVolumeFetchFailed"', '"volume":"outage"'));
     assert.equal(await fs.readFile(path.join(volume.targetPath, "a.txt"), "utf8"), served);
+    await waitFor("the report says it is behind", async () => (await report(node, "outage")).abnormal.some((a) => a.includes(`keeps serving commit ${servedCommit}`)));
+    assert.equal(metricValue(await metricsText(node), "git_csi_volume_abnormal", "outage"), 1);
+    const human = (await run(process.execPath, [CLI, "report", "outage", "--metrics-address", new URL(node.metricsUrl).host])).stdout;
+    assert.match(human, new RegExp(`status: ABNORMAL \\(1\\)[\\s\\S]*read-only: serves commit ${servedCommit} of main`));
     await fs.rename(`${server.repoPath(repo)}.away`, server.repoPath(repo));
     const next = commitOf(served, "a") + 1;
-    await server.commitFiles(repo, { "a.txt": content(next, "a"), "b.txt": content(next, "b") }, { message: `commit ${next}` });
+    const nextCommit = await server.commitFiles(repo, { "a.txt": content(next, "a"), "b.txt": content(next, "b") }, { message: `commit ${next}` });
     await waitFor("the new commit served", async () => commitOf(await fs.readFile(path.join(volume.targetPath, "a.txt"), "utf8"), "a") === next);
+    const after = await report(node, "outage");
+    assert.deepEqual([after.servedCommit, after.abnormal], [nextCommit, []]);
+    const metrics = await metricsText(node);
+    assert.equal(metricValue(metrics, "git_csi_volume_abnormal", "outage"), 0);
+    // One series per volume: the old commit's label is gone.
+    assert.deepEqual(
+      metrics.split("\n").filter((l) => l.startsWith("git_csi_served_commit{") && l.includes('claim="outage"')),
+      [`git_csi_served_commit{namespace="",claim="outage",commit="${nextCommit}"} 1`],
+    );
     await unpublishAndUnstage(node, volume);
   });
 

@@ -2,13 +2,25 @@ import { randomBytes } from "node:crypto";
 import * as fs from "node:fs/promises";
 import * as path from "node:path";
 import { type EventType, Reason, type ReasonName } from "@git-csi/config";
-import { type CsiError, type gitWorker, required, unavailable } from "@git-csi/protos";
+import type { ClaimLabels } from "@git-csi/metrics";
+import { type CsiError, type gitcsi, type gitWorker, required, unavailable } from "@git-csi/protos";
 import { RemoteAccess } from "../remote/access";
 import { parseCredential } from "../remote/credential";
 import { gitMessage, runGit } from "../remote/git";
 import { revParse } from "../remote/tree";
 import type { GitWorkerDeps } from "../service";
 import { branchOfRef, checkRemoteUrl, exists, missingRef, type Store } from "./store";
+
+/** What the worker knows of a read-only volume on this node: the commit it last checked out, and why its last fetch failed. */
+export interface ReaderState {
+  claim?: gitcsi.Claim;
+  branch: string;
+  commit: string;
+  fetchFailed?: string;
+}
+
+/** The read-only volumes this worker checked out, by volume id. */
+export type Readers = Map<string, ReaderState>;
 
 /**
  * The node's own view of a read-only volume's ref. It is outside
@@ -36,17 +48,67 @@ export async function checkoutReader(deps: GitWorkerDeps, request: gitWorker.Che
     return await deps.perRepository.run(store.repoDir(source.url), async () => {
       await store.ensureRepo(source.url);
       const commit = await fetchReader(store, source.url, branch, volumeId, access).catch((err: CsiError) => {
-        if (request.serving) tell(deps, request, "Warning", Reason.FetchFailed, `${err.message}; the volume keeps serving commit ${path.basename(request.serving)} and is behind its ref`);
+        if (request.serving) behind(deps, request, `${err.message}; the volume keeps serving commit ${path.basename(request.serving)} and is behind its ref`);
         throw err;
       });
       const treePath = await checkedOut(store, source.url, volumeId, commit);
       await removeCheckouts(store, volumeId, [treePath, request.serving]);
       if (request.serving && treePath !== request.serving) tell(deps, request, "Normal", Reason.Updated, `serves commit ${commit} of ${branch}, was ${path.basename(request.serving)}`);
+      served(deps, volumeId, { claim: request.claim, branch, commit });
       return { treePath, commit };
     });
   } finally {
     access.close();
   }
+}
+
+function labelsOf(volumeId: string, claim: gitcsi.Claim | undefined): ClaimLabels {
+  return { namespace: claim?.namespace ?? "", claim: claim?.name || volumeId };
+}
+
+/** The commit checked out is the one the mount serves from now on: in the report and the metric's label. */
+function served(deps: GitWorkerDeps, volumeId: string, state: ReaderState): void {
+  const labels = labelsOf(volumeId, state.claim);
+  unlabel(deps, volumeId);
+  deps.metrics.servedCommit.set({ ...labels, commit: state.commit }, 1);
+  deps.metrics.abnormal.set(labels, 0);
+  deps.readers.set(volumeId, state);
+}
+
+/** The metric's series of the commit served until now goes: one series per volume. */
+function unlabel(deps: GitWorkerDeps, volumeId: string): void {
+  const before = deps.readers.get(volumeId);
+  if (before) deps.metrics.servedCommit.remove({ ...labelsOf(volumeId, before.claim), commit: before.commit });
+}
+
+/** A fetch failed: the volume serves an older commit than its ref may hold, and is abnormal until a fetch works. */
+function behind(deps: GitWorkerDeps, request: gitWorker.CheckoutReaderRequest, message: string): void {
+  const state = deps.readers.get(request.volumeId);
+  if (state) state.fetchFailed = message;
+  deps.metrics.abnormal.set(labelsOf(request.volumeId, request.claim), 1);
+  tell(deps, request, "Warning", Reason.FetchFailed, message);
+}
+
+/** The report of a read-only volume: what it serves, and whether it is behind. */
+export function readerReport(volumeId: string, state: ReaderState): gitWorker.VolumeReport {
+  return {
+    volumeId,
+    claim: state.claim,
+    armed: false,
+    className: "",
+    pendingPaths: [],
+    unpushedCommits: 0,
+    lastPushUnixMs: 0,
+    pushFailures: 0,
+    skippedPaths: [],
+    sideBranch: "",
+    pushBranch: "",
+    waitingFor: [],
+    abnormal: state.fetchFailed ? [state.fetchFailed] : [],
+    recentEvents: [],
+    servedCommit: state.commit,
+    followsBranch: state.branch,
+  };
 }
 
 /** A following volume's event, on its claim and pods and in the log. */
@@ -104,6 +166,9 @@ async function removeCheckouts(store: Store, volumeId: string, keep: string[]): 
 export async function releaseReader(deps: GitWorkerDeps, request: gitWorker.ReleaseReaderRequest): Promise<gitWorker.ReleaseReaderResponse> {
   const volumeId = required(request.volumeId, "volume_id");
   const { url } = required(request.source, "source");
+  unlabel(deps, volumeId);
+  deps.metrics.forget(labelsOf(volumeId, deps.readers.get(volumeId)?.claim));
+  deps.readers.delete(volumeId);
   const repo = deps.store.repoDir(url);
   if (await exists(repo)) await deps.perRepository.run(repo, () => runGit(deps.store.repo(url), ["update-ref", "-d", readerRef(volumeId)]));
   await fs.rm(deps.store.readerDir(volumeId), { recursive: true, force: true });
