@@ -4,7 +4,7 @@ import * as path from "node:path";
 import { after, before, describe, test } from "node:test";
 import { setTimeout as sleep } from "node:timers/promises";
 import { status } from "@grpc/grpc-js";
-import { csi } from "@git-csi/protos";
+import { call, csi } from "@git-csi/protos";
 import { type Driver, freePort, metricsText, metricValue, type PublishedVolume, refused, report, run, setVolumeClass, stageAndPublish, startDriver, unpublishAndUnstage, waitFor } from "../src/driver";
 import { type GitServer, fetchOnly, startGitDaemon } from "../src/git-server";
 
@@ -81,6 +81,9 @@ describe("read-only volumes: many nodes serve one ref, write nothing, claim noth
       // The staging mount itself refuses too, not only the pod's bind of it.
       assert.match(await refusedWrite(node, `echo x > '${published[i]!.stagingPath}/new.txt'`), /Read-only file system/);
       assert.equal(await node.sh(`cat '${target}/README.md'`), "dashboards\n");
+      // The kubelet's condition check: a reader has no epoch, and nothing is wrong.
+      const stats = await call(node.node.nodeGetVolumeStats.bind(node.node), csi.NodeGetVolumeStatsRequest.fromPartial({ volumeId: volume.volumeId, volumePath: target }), 60_000);
+      assert.equal(stats.volumeCondition?.abnormal, false, stats.volumeCondition?.message);
     }
     for (const [i, node] of nodes.entries()) await unpublishAndUnstage(node, published[i]!);
     assert.equal(await remoteRefs(server, repo), before, "the remote's refs changed");
