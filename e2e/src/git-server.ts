@@ -392,6 +392,17 @@ exit 0
 }
 
 /**
+ * A fetch-only remote, as a read-only deploy key or token sees its forge:
+ * every push is refused, whatever its refs, and logged. Returns the log's reader.
+ */
+export async function fetchOnly(server: Pick<GitServer, "repoPath">, repo: string): Promise<() => Promise<string[][]>> {
+  const read = await logPushes(server, repo);
+  const hook = path.join(server.repoPath(repo), "hooks", "pre-receive");
+  await writeFile(hook, `${await readFile(hook, "utf8")}echo 'this credential may only fetch' >&2\nexit 1\n`, { mode: 0o755 });
+  return read;
+}
+
+/**
  * Logs each push the repository receives, as its refs, from its pre-receive
  * hook: what a forge counts, over any transport. Returns the reader.
  */

@@ -60,7 +60,7 @@ const BAD_CAPABILITY: fc.Arbitrary<csi.VolumeCapability> = fc.oneof(
   fc.constantFrom(...ACCESS_MODES).map((mode) => ({ block: {}, accessMode: { mode } })),
   fc.constant<csi.VolumeCapability>({ mount: { ...mount, fsType: "ext4" }, accessMode: { mode: Mode.SINGLE_NODE_WRITER } }),
   fc.constant<csi.VolumeCapability>({ mount: { ...mount, mountFlags: ["noatime"] }, accessMode: { mode: Mode.SINGLE_NODE_WRITER } }),
-  fc.constantFrom(Mode.UNKNOWN, Mode.SINGLE_NODE_READER_ONLY, Mode.MULTI_NODE_READER_ONLY, Mode.MULTI_NODE_SINGLE_WRITER, Mode.MULTI_NODE_MULTI_WRITER).map((mode) => mountCapability(mode)),
+  fc.constantFrom(Mode.UNKNOWN, Mode.MULTI_NODE_SINGLE_WRITER, Mode.MULTI_NODE_MULTI_WRITER).map((mode) => mountCapability(mode)),
   fc.constant<csi.VolumeCapability>({ mount, accessMode: undefined }),
   fc.constant<csi.VolumeCapability>({ accessMode: { mode: Mode.SINGLE_NODE_WRITER } }),
 );

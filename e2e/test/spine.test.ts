@@ -277,7 +277,7 @@ describe("the spine: three services, the CSI surface, a real FUSE mount", () => 
         "create with two modes",
         () => create({ name: "bad", volumeCapabilities: [cap, mountCapability(Mode.SINGLE_NODE_WRITER)], parameters: ctx }),
         status.INVALID_ARGUMENT,
-        "both ReadWriteOncePod and ReadWriteOnce",
+        "asks for ReadWriteOncePod and ReadWriteOnce; a volume has one access mode",
       ],
       ["create without url", () => create({ name: "bad", volumeCapabilities: [cap], parameters: { ref: "main" } }), status.INVALID_ARGUMENT, "parameters.url is required"],
       [

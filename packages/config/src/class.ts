@@ -15,6 +15,8 @@ export interface ClassPolicy {
   author: { name: string; email: string };
   /** gitignore patterns on top of the repository's own .gitignore. */
   ignore: string[];
+  /** How often a read-only volume fetches its ref and serves a new commit; unset, it serves the commit of its stage. */
+  followMs?: number;
 }
 
 interface ParameterRule {
@@ -27,7 +29,7 @@ interface ParameterRule {
 const SECOND = 1000;
 const DAY = 24 * 3_600_000;
 
-function durationRule(key: "quiesceMs" | "maxLatencyMs", min: number, max: number): ParameterRule["apply"] {
+function durationRule(key: "quiesceMs" | "maxLatencyMs" | "followMs", min: number, max: number): ParameterRule["apply"] {
   return (value, policy) => {
     const ms = parseDuration(value);
     if (ms === undefined || ms < min || ms > max) return `a duration such as 30s or 5m, from ${formatDuration(min)} to ${formatDuration(max)}`;
@@ -80,6 +82,11 @@ const CLASS_PARAMETERS: Record<string, ParameterRule> = {
         .filter((p) => p !== "");
       return undefined;
     },
+  },
+  "follow.interval": {
+    rule: "a duration from 1s to 24h; only a read-only volume follows, a writer ignores it",
+    default: "(none: a read-only volume serves the commit of its stage)",
+    apply: durationRule("followMs", SECOND, DAY),
   },
 };
 

@@ -23,6 +23,10 @@ export const Reason = {
   Stranded: "GitVolumeStranded",
   // Beyond spec 004's list: the mount epoch lost the volume (superseded, or its lease ran out): the mount answers EIO until the pod is deleted.
   EpochLost: "GitVolumeEpochLost",
+  // Beyond spec 004's list: a read-only volume that follows its ref serves a new commit.
+  Updated: "GitVolumeUpdated",
+  // Beyond spec 004's list: a following read-only volume's fetch failed; it keeps serving the last commit it fetched.
+  FetchFailed: "GitVolumeFetchFailed",
 } as const;
 
 export type ReasonName = (typeof Reason)[keyof typeof Reason];

@@ -39,6 +39,13 @@ test("a bad value names the parameter and its rule", () => {
   refused({ ignore: "a\nb" }, "ignore", /line breaks/);
   refused({ ignore: "*.log,\r" }, "ignore", /line breaks/);
   refused({ "push.quiesce": "10m", "push.maxLatency": "1m" }, "push.maxLatency", /shorter than push.quiesce 10m/);
+  refused({ "follow.interval": "often" }, "follow.interval", /"often" is not a duration .* from 1s to 24h/);
+  refused({ "follow.interval": "500ms" }, "follow.interval", /from 1s/);
+});
+
+test("follow.interval is unset unless the class names it", () => {
+  assert.equal(defaultPolicy().followMs, undefined);
+  assert.equal(parseClassParameters({ "follow.interval": "10s" }).followMs, 10_000);
 });
 
 test("an unknown parameter lists the known ones", () => {

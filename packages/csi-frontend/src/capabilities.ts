@@ -4,7 +4,7 @@ import { quoted } from "./validate";
 const Mode = csi.VolumeCapability_AccessMode_Mode;
 
 const SUPPORTED =
-  "supported: a mount volume (no raw block), with no fsType and no mount flags, and access mode SINGLE_NODE_SINGLE_WRITER (ReadWriteOncePod), SINGLE_NODE_WRITER or SINGLE_NODE_MULTI_WRITER (ReadWriteOnce)";
+  "supported: a mount volume (no raw block), with no fsType and no mount flags, and access mode SINGLE_NODE_SINGLE_WRITER (ReadWriteOncePod), SINGLE_NODE_WRITER or SINGLE_NODE_MULTI_WRITER (ReadWriteOnce), or MULTI_NODE_READER_ONLY or SINGLE_NODE_READER_ONLY (ReadOnlyMany, read-only)";
 
 /** The volume's immutable access mode from one CSI capability, or InvalidArgument naming the field and what is supported. */
 export function accessModeOf(capability: csi.VolumeCapability, field: string): gitcsi.AccessMode {
@@ -19,10 +19,14 @@ export function accessModeOf(capability: csi.VolumeCapability, field: string): g
     case Mode.SINGLE_NODE_WRITER:
     case Mode.SINGLE_NODE_MULTI_WRITER:
       return gitcsi.AccessMode.READ_WRITE_ONCE;
+    // A reader claims nothing, so any number of nodes may serve it.
+    case Mode.MULTI_NODE_READER_ONLY:
+    case Mode.SINGLE_NODE_READER_ONLY:
+      return gitcsi.AccessMode.READ_ONLY_MANY;
     case undefined:
       throw invalidArgument(`${field}.access_mode is required; ${SUPPORTED}`);
     default:
-      throw invalidArgument(`${field}.access_mode ${Mode[mode] ?? mode}: one node writes a git volume; ${SUPPORTED}`);
+      throw invalidArgument(`${field}.access_mode ${Mode[mode] ?? mode}: one node writes a git volume, and many nodes only read one; ${SUPPORTED}`);
   }
 }
 
@@ -42,7 +46,7 @@ export function volumeMountGroupOf(capability: csi.VolumeCapability | undefined,
 export function accessModeOfAll(capabilities: csi.VolumeCapability[], field: string): gitcsi.AccessMode {
   if (capabilities.length === 0) throw invalidArgument(`${field} is required; ${SUPPORTED}`);
   const modes = new Set(capabilities.map((c, i) => accessModeOf(c, `${field}[${i}]`)));
-  if (modes.size > 1) throw invalidArgument(`${field} asks for both ReadWriteOncePod and ReadWriteOnce; a volume has one access mode`);
+  if (modes.size > 1) throw invalidArgument(`${field} asks for ${[...modes].map(describeAccessMode).join(" and ")}; a volume has one access mode`);
   return [...modes][0]!;
 }
 
@@ -51,18 +55,23 @@ export function requiredCapability(capability: csi.VolumeCapability | undefined,
   return accessModeOf(capability, field);
 }
 
+const CONFIRMED: Record<gitcsi.AccessMode, csi.VolumeCapability_AccessMode_Mode> = {
+  [gitcsi.AccessMode.ACCESS_MODE_UNSPECIFIED]: Mode.SINGLE_NODE_MULTI_WRITER,
+  [gitcsi.AccessMode.READ_WRITE_ONCE]: Mode.SINGLE_NODE_MULTI_WRITER,
+  [gitcsi.AccessMode.READ_WRITE_ONCE_POD]: Mode.SINGLE_NODE_SINGLE_WRITER,
+  [gitcsi.AccessMode.READ_ONLY_MANY]: Mode.MULTI_NODE_READER_ONLY,
+  [gitcsi.AccessMode.UNRECOGNIZED]: Mode.SINGLE_NODE_MULTI_WRITER,
+};
+
 /** The capability a recorded access mode confirms, for ValidateVolumeCapabilities. */
 export function capabilityOf(mode: gitcsi.AccessMode): csi.VolumeCapability {
-  return {
-    mount: { fsType: "", mountFlags: [], volumeMountGroup: "" },
-    accessMode: { mode: mode === gitcsi.AccessMode.READ_WRITE_ONCE_POD ? Mode.SINGLE_NODE_SINGLE_WRITER : Mode.SINGLE_NODE_MULTI_WRITER },
-  };
+  return { mount: { fsType: "", mountFlags: [], volumeMountGroup: "" }, accessMode: { mode: CONFIRMED[mode] } };
 }
 
 /** The access mode the volume context records, so that a node call that asks for another fails validation. */
 export const ACCESS_MODE_KEY = "accessMode";
 
-/** A PersistentVolume's single-node mode, or unspecified when it names neither (or both). */
+/** A PersistentVolume's mode, or unspecified when it names none the driver serves (or several). */
 export function accessModeOfPersistentVolume(accessModes: string[]): gitcsi.AccessMode {
   const modes = accessModes.map(accessModeNamed).filter((m) => m !== undefined);
   return modes.length === 1 ? modes[0]! : gitcsi.AccessMode.ACCESS_MODE_UNSPECIFIED;
@@ -72,7 +81,7 @@ export function checkContextMode(context: Record<string, string>, requested: git
   const recorded = context[ACCESS_MODE_KEY];
   if (recorded === undefined) return;
   const mode = accessModeNamed(recorded);
-  if (mode === undefined) throw invalidArgument(`volume_context.${ACCESS_MODE_KEY} ${quoted(recorded)} must be ReadWriteOncePod or ReadWriteOnce`);
+  if (mode === undefined) throw invalidArgument(`volume_context.${ACCESS_MODE_KEY} ${quoted(recorded)} must be ReadWriteOncePod, ReadWriteOnce or ReadOnlyMany`);
   if (mode !== requested) {
     throw invalidArgument(`volume_capability asks for ${describeAccessMode(requested)} but the volume was created ${recorded}; its access mode cannot change`);
   }

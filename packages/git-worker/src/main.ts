@@ -13,6 +13,7 @@ import { CredentialBroker } from "./remote/broker";
 import type { CollectionPolicy } from "./trees/collect-remote";
 import { collectGarbage } from "./trees/gc";
 import { type GitWorkerDeps, gitWorkerService, type Syncs } from "./service";
+import { type Readers, readerReport } from "./trees/reader";
 import { Store } from "./trees/store";
 import { checkRelay, logGitTo } from "./remote/git";
 
@@ -88,6 +89,7 @@ async function main(): Promise<void> {
   const store = new Store(flags["state-dir"]!);
   const metrics = new DriverMetrics();
   const syncs: Syncs = new Map();
+  const readers: Readers = new Map();
   const orphans = await endOrphanedAgents(store.socketDir());
   if (orphans > 0) logger.warn(`ended ${orphans} ssh-agent(s) a previous git worker left holding keys`, { operation: "startup" });
   const recovered = await recoverFromKill(store);
@@ -119,7 +121,7 @@ async function main(): Promise<void> {
   const mount = mountLink(flags["mount-owner"] || `unix://${path.join(store.socketDir(), "mount-owner.sock")}`);
   const gcTimer = setInterval(() => void collect(), durationFlag(flags, "gc-interval"));
   const server = await serveUnix(flags.listen!, [
-    { definition: gitWorker.GitWorkerService, implementation: gitWorkerService({ store, syncs, unstaging, broker, metrics, logger, perRepository, collect, events, pods, ...mount }) },
+    { definition: gitWorker.GitWorkerService, implementation: gitWorkerService({ store, syncs, readers, unstaging, broker, metrics, logger, perRepository, collect, events, pods, ...mount }) },
   ]);
   let listener: http.Server | undefined;
   if (flags["metrics-address"]) {
@@ -127,7 +129,7 @@ async function main(): Promise<void> {
       async (url) => {
         const m = url.pathname.match(/^\/volumes(?:\/([^/]+))?$/);
         if (!m) return undefined;
-        const reports = [...syncs.values()].map((s) => s.report()).filter((r) => !m[1] || r.volumeId === m[1]);
+        const reports = [...[...syncs.values()].map((s) => s.report()), ...[...readers].map(([id, state]) => readerReport(id, state))].filter((r) => !m[1] || r.volumeId === m[1]);
         if (m[1] && reports.length === 0) return { status: 404, body: `volume ${m[1]} is not staged on this node\n`, contentType: "text/plain" };
         return { status: 200, body: `${JSON.stringify(m[1] ? reports[0] : reports, null, 2)}\n`, contentType: "application/json" };
       },

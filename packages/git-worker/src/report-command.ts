@@ -46,11 +46,11 @@ function list(title: string, items: string[], none: string): string[] {
 /** The report for a person: the answer to "is it all right" first, the detail after. */
 function formatReport(r: gitWorker.VolumeReport, now = Date.now()): string {
   const claim = r.claim?.name ? `${r.claim.namespace}/${r.claim.name}` : "none known (no claim reached the node: standalone, or not yet)";
+  const head = [`volume ${r.volumeId}`, `claim: ${claim}`, r.abnormal.length === 0 ? "status: normal" : `status: ABNORMAL (${r.abnormal.length})`, ...r.abnormal.map((a) => `  ${a}`)];
+  // A read-only volume commits and pushes nothing: what it serves is all there is to say.
+  if (r.servedCommit) return `${[...head, `read-only: serves commit ${r.servedCommit} of ${r.followsBranch}`].join("\n")}\n`;
   const lines = [
-    `volume ${r.volumeId}`,
-    `claim: ${claim}`,
-    r.abnormal.length === 0 ? "status: normal" : `status: ABNORMAL (${r.abnormal.length})`,
-    ...r.abnormal.map((a) => `  ${a}`),
+    ...head,
     r.armed ? `armed by class ${r.className || "(unnamed)"}: commits and pushes` : "unarmed: commits nothing; a VolumeAttributesClass on the claim arms it",
     `pushes to: ${r.sideBranch ? `${r.sideBranch} (side branch, diverged from ${r.pushBranch})` : r.pushBranch || "(not known yet)"}`,
     ...list(`would commit (${r.pendingPaths.length})`, r.pendingPaths, "nothing"),

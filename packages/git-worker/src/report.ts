@@ -114,6 +114,9 @@ export class VolumeReporter {
       waitingFor,
       abnormal: this.abnormal(),
       recentEvents: [...this.events],
+      // A writer serves its own tree, not a commit.
+      servedCommit: "",
+      followsBranch: "",
     };
   }
 

@@ -8,6 +8,7 @@ import type { CredentialBroker } from "./remote/broker";
 import { provisionBranch, retireBranch } from "./trees/branches";
 import { removeTree } from "./trees/gc";
 import { claimMount, dropPrepared, type Prepared, prepareVolume } from "./trees/prepare";
+import { checkoutReader, type Readers, readerReport, releaseReader } from "./trees/reader";
 import { type RenewalMember, renewMounts } from "./lease/renewal";
 import type { Store } from "./trees/store";
 import type { VolumeSync } from "./sync/sync";
@@ -20,6 +21,7 @@ export type Syncs = Map<string, VolumeSync>;
 export interface GitWorkerDeps {
   store: Store;
   syncs: Syncs;
+  readers: Readers;
   /** The volumes whose unstage is under way: out of syncs, and still pushing and stranding their commits. */
   unstaging: Set<string>;
   broker: CredentialBroker;
@@ -113,7 +115,15 @@ export function gitWorkerService(deps: GitWorkerDeps): gitWorker.GitWorkerServer
 
     retireBranch: unary("retire_branch", logger, (request: gitWorker.RetireBranchRequest) => retireBranch(deps, request)),
 
-    getReport: unary("report", logger, async (request: gitWorker.GetReportRequest) => syncOf(required(request.volumeId, "volume_id")).report()),
+    getReport: unary("report", logger, async (request: gitWorker.GetReportRequest) => {
+      const volumeId = required(request.volumeId, "volume_id");
+      const reader = deps.readers.get(volumeId);
+      return reader ? readerReport(volumeId, reader) : syncOf(volumeId).report();
+    }),
+
+    checkoutReader: unary("checkout_reader", logger, (request: gitWorker.CheckoutReaderRequest) => checkoutReader(deps, request)),
+
+    releaseReader: unary("release_reader", logger, (request: gitWorker.ReleaseReaderRequest) => releaseReader(deps, request)),
   };
 }
 

@@ -47,6 +47,7 @@ async function stage(t: TestContext, remote: ServedRemote, id: string, branch: s
   const deps: GitWorkerDeps = {
     store: new Store(stateDir),
     syncs: new Map(),
+    readers: new Map(),
     unstaging: new Set(),
     broker: new CredentialBroker(path.join(stateDir, "broker.sock")),
     metrics: new DriverMetrics(),

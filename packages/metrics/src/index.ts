@@ -20,6 +20,8 @@ export class DriverMetrics {
   readonly pushFailures = new Counter({ name: "git_csi_push_failures_total", help: "Pushes that failed", labelNames: LABELS, registers: [this.registry] });
   readonly skippedFiles = new Gauge({ name: "git_csi_skipped_files", help: "Files over commit.maxFileSize that are not committed", labelNames: LABELS, registers: [this.registry] });
   readonly diverged = new Gauge({ name: "git_csi_diverged", help: "1 while the volume pushes to its side branch", labelNames: LABELS, registers: [this.registry] });
+  /** One series per read-only volume: the commit label moves with each commit it serves. */
+  readonly servedCommit = new Gauge({ name: "git_csi_served_commit", help: "1, labeled by the commit a read-only volume serves", labelNames: [...LABELS, "commit"], registers: [this.registry] });
 
   /** Drops a volume's series when it leaves the node, so the registry does not grow with every claim ever served. */
   forget(labels: ClaimLabels): void {

@@ -407,6 +407,7 @@ static napi_value init(napi_env env, napi_value exports)
 		{ "syncMount", NULL, js_sync_mount, NULL, NULL, NULL, napi_default, NULL },
 		{ "resume", NULL, js_resume, NULL, NULL, NULL, napi_default, NULL },
 		{ "clockMs", NULL, js_clock_ms, NULL, NULL, NULL, napi_default, NULL },
+		{ "switchRoot", NULL, js_switch_root, NULL, NULL, NULL, napi_default, NULL },
 	};
 	napi_define_properties(env, exports, sizeof(props) / sizeof(props[0]), props);
 	return handover_exports(env, exports);

@@ -127,7 +127,8 @@ static int find_entry(fuse_req_t req, fuse_ino_t parent, int parent_fd, const ch
 		close(fd);
 		return err;
 	}
-	e->attr_timeout = e->entry_timeout = cache_seconds(req);
+	e->attr_timeout = cache_seconds(req);
+	e->entry_timeout = entry_seconds(req);
 	return node_remember(volume_of(req), fd, &e->attr, parent, name, &e->ino);
 }
 

@@ -112,6 +112,9 @@ struct volume {
 	bool stale_ids;
 
 	atomic_int refs; /* the loop thread and the JS handle */
+
+	/* The root switches between commits' trees; the kernel caches no entry (root.c). */
+	atomic_bool follows;
 };
 
 /* node_table.c */
@@ -216,6 +219,11 @@ void volume_put(struct volume *v);
 napi_value throw_errno(napi_env env, int err, const char *what);
 /* The volume a JS handle names (argument 0), or NULL with the call's error thrown; rest gets argument 1. */
 struct volume *volume_arg(napi_env env, napi_callback_info info, napi_value *rest, const char *call);
+
+/* root.c */
+/* The entry timeout of a reply: none once the mount follows a ref. */
+double entry_seconds(fuse_req_t req);
+napi_value js_switch_root(napi_env env, napi_callback_info info);
 
 /* handover.c: the kept descriptors, over the keeper's socket */
 napi_value handover_exports(napi_env env, napi_value exports);

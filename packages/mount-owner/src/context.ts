@@ -3,6 +3,7 @@ import type { Logger } from "@git-csi/logging";
 import type { OperationMetrics } from "@git-csi/metrics";
 import type { gitcsi, gitWorker } from "@git-csi/protos";
 import type { EpochFence } from "./fuse/binding";
+import type { ReaderMount } from "./reader";
 import type { MountSessions } from "./sessions";
 import type { State } from "./state";
 import type { TreeUsage } from "./tree-usage";
@@ -19,6 +20,8 @@ export interface StagedMount {
   sync(): Promise<boolean>;
   /** The tree moved behind the mount: the kernel forgets the entries and attributes it cached. */
   invalidate(): void;
+  /** A read-only volume's mount serves another commit's tree from now on, switched at the root in one step. */
+  switchRoot(treePath: string): void;
 }
 
 export interface MountOwnerDeps {
@@ -54,6 +57,8 @@ export interface Owner {
   state: State;
   logger: Logger;
   sessions: MountSessions;
+  /** The read-only volumes this process serves, by volume id: no epoch, no session. */
+  readers: Map<string, ReaderMount>;
   link: WorkerLink;
   /** Operations on one volume run one at a time: a kubelet retry never interleaves with its original. */
   perVolume: KeyedSerial;

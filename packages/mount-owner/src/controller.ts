@@ -1,5 +1,6 @@
 import { gitcsi, type mountOwner, required } from "@git-csi/protos";
 import type { Owner } from "./context";
+import { setReaderClass } from "./reader";
 
 /**
  * CreateVolume: the volume's branch on the remote, then the controller's
@@ -55,5 +56,6 @@ export async function modifyVolume(owner: Owner, request: mountOwner.ModifyVolum
 /** Records the class on the node volume and arms or unarms a staged one at once. */
 export async function setVolumeClass(owner: Owner, volumeId: string, volumeClass: gitcsi.VolumeClass | undefined, claim?: gitcsi.Claim): Promise<void> {
   if (owner.sessions.has(volumeId)) await owner.link.setClass(volumeId, volumeClass, claim);
+  setReaderClass(owner, volumeId, volumeClass);
   await owner.state.recordClass(volumeId, volumeClass, claim);
 }

@@ -42,6 +42,11 @@ export async function bindMount(source: string, target: string, readonly: boolea
   if (readonly) await run("mount", ["-o", "remount,bind,ro", target]);
 }
 
+/** The mount at dir refuses every write with EROFS in the kernel: no write ever reaches its server. */
+export async function remountReadOnly(dir: string): Promise<void> {
+  await run("mount", ["-o", "remount,bind,ro", dir]);
+}
+
 /**
  * Unmounts every mount stacked at dir. A dead FUSE connection (ENOTCONN)
  * cannot always be unmounted in place, so a failed unmount is retried lazily.

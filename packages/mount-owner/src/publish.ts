@@ -1,7 +1,8 @@
 import * as fs from "node:fs/promises";
-import { type CsiError, failedPrecondition, gitcsi, type mountOwner, required } from "@git-csi/protos";
+import { type CsiError, failedPrecondition, gitcsi, isReader, type mountOwner, required } from "@git-csi/protos";
 import type { Owner } from "./context";
 import { bindMount, isMountPoint, unmountAll } from "./mounts";
+import { publishReader } from "./reader";
 import { epochLost, type LiveSession, withMaterial } from "./sessions";
 import { stageAgain, unpublishedStage } from "./stage";
 import { checkGroup, checkMode, type VolumeRecord } from "./state";
@@ -15,6 +16,8 @@ import { checkGroup, checkMode, type VolumeRecord } from "./state";
 export async function publish(owner: Owner, request: mountOwner.PublishVolumeRequest, volumeId: string): Promise<mountOwner.PublishVolumeResponse> {
   const stagingPath = required(request.stagingPath, "staging_target_path");
   const targetPath = required(request.targetPath, "target_path");
+  const recorded = await owner.state.volume(volumeId);
+  if (recorded && isReader(recorded.accessMode)) return publishReader(owner, recorded, request);
   const { record, live } = await servingStage(owner, request, volumeId);
   checkMode(record, request.accessMode);
   checkGroup(record, request.volumeMountGroup);
@@ -68,7 +71,8 @@ export async function unpublish(owner: Owner, request: mountOwner.UnpublishVolum
   await unmountAll(targetPath);
   await fs.rm(targetPath, { recursive: false, force: true }).catch(() => fs.rmdir(targetPath).catch(() => undefined));
   const left = await owner.state.recordUnpublished(volumeId, targetPath);
-  if (left) {
+  // A reader has nothing to push and no pods to tell.
+  if (left && !isReader(left.accessMode)) {
     // The last pod stopped: push what the tree holds, and tell that pod how it went.
     if (left.targets.length === 0) await owner.link.flushAtPodStop(volumeId);
     await owner.link.tellPods(volumeId, left.pods ?? {});

@@ -1,6 +1,7 @@
-import { failedPrecondition, gitWorker, unavailable } from "@git-csi/protos";
+import { failedPrecondition, gitWorker, isReader, unavailable } from "@git-csi/protos";
 import type { Owner, StagedMount } from "./context";
 import type { EpochFence } from "./fuse/binding";
+import { resumeReader } from "./reader";
 import { readSession } from "./session";
 import { servingDeadline } from "./sessions";
 import { startSession } from "./stage";
@@ -21,6 +22,7 @@ export interface StagedPaths {
 export async function resume(owner: Owner, volumeId: string, serve: (paths: StagedPaths, fence: EpochFence) => Promise<StagedMount>, lost?: string): Promise<boolean> {
   return owner.perVolume.run(volumeId, async () => {
     const record = await owner.state.volume(volumeId);
+    if (record?.stagingPath && record.treePath && isReader(record.accessMode)) return resumeReader(owner, record, { stagingPath: record.stagingPath, treePath: record.treePath }, serve);
     const session = record?.stagingPath ? await readSession(record.stagingPath, { volumeId, node: owner.deps.nodeId }) : undefined;
     if (!record?.stagingPath || !record.treePath || !session) throw failedPrecondition(`volume ${volumeId} has a kept FUSE connection but no stage on this node`);
     const instance = lost ? "" : (await owner.link.probe()).instance;

@@ -1,11 +1,12 @@
 import { randomUUID } from "node:crypto";
 import { KeyedSerial } from "@git-csi/config";
-import { type mountOwner, required, unary } from "@git-csi/protos";
+import { isReader, type mountOwner, required, unary } from "@git-csi/protos";
 import { applyWatched, removeVolumesDeletedWhileDown } from "./class-watch";
 import type { MountOwnerDeps, Owner, StagedMount, WatchedVolume } from "./context";
 import { createVolume, deleteVolume, modifyVolume, setVolumeClass } from "./controller";
 import type { EpochFence } from "./fuse/binding";
 import { publish, unpublish } from "./publish";
+import { stageReader, unstageReader } from "./reader";
 import { resume, type StagedPaths } from "./resume";
 import { MountSessions } from "./sessions";
 import { stage, unstage } from "./stage";
@@ -53,6 +54,7 @@ export function createMountOwner(deps: MountOwnerDeps): MountOwner {
     state: deps.state,
     logger: deps.logger,
     sessions,
+    readers: new Map(),
     link: new WorkerLink(deps, sessions),
     perVolume: new KeyedSerial(),
     watched: new Map(),
@@ -94,8 +96,11 @@ function mountOwnerService(owner: Owner): mountOwner.MountOwnerServer {
       await setVolumeClass(owner, volumeId, request.class, request.claim);
       return {};
     }),
-    stageVolume: serialized("stage", (request: mountOwner.StageVolumeRequest, volumeId) => stage(owner, request, volumeId)),
-    unstageVolume: serialized("unstage", (request: mountOwner.UnstageVolumeRequest, volumeId) => unstage(owner, request, volumeId)),
+    stageVolume: serialized("stage", (request: mountOwner.StageVolumeRequest, volumeId) => (isReader(request.accessMode) ? stageReader : stage)(owner, request, volumeId)),
+    unstageVolume: serialized("unstage", async (request: mountOwner.UnstageVolumeRequest, volumeId) => {
+      const record = await state.volume(volumeId);
+      return (record && isReader(record.accessMode) ? unstageReader : unstage)(owner, request, volumeId);
+    }),
     publishVolume: serialized("publish", (request: mountOwner.PublishVolumeRequest, volumeId) => publish(owner, request, volumeId)),
     unpublishVolume: serialized("unpublish", (request: mountOwner.UnpublishVolumeRequest, volumeId) => unpublish(owner, request, volumeId)),
     syncMount: unary("sync_mount", logger, async (request: mountOwner.SyncMountRequest) => ({ mounted: await syncMount(owner, required(request.volumeId, "volume_id")) })),

@@ -51,7 +51,7 @@ function sessionBase(owner: Owner, volumeId: string, accessMode: gitcsi.AccessMo
 }
 
 /** The record the stage will write: the watch's class and claim override what the node recorded. */
-async function plannedRecord(owner: Owner, request: mountOwner.StageVolumeRequest, volumeId: string, existing: VolumeRecord | undefined, generation: number): Promise<VolumeRecord> {
+export async function plannedRecord(owner: Owner, request: mountOwner.StageVolumeRequest, volumeId: string, existing: VolumeRecord | undefined, generation: number): Promise<VolumeRecord> {
   const watched = owner.watched.get(volumeId);
   const volumeClass = watched ? watched.volumeClass : (existing?.volumeClass ?? (await provisionedClass(owner, volumeId)));
   return {
@@ -108,7 +108,7 @@ export async function startSession(owner: Owner, volumeId: string, begun: Omit<L
   const started: LiveSession = {
     ...begun,
     // Until the mount is made nothing is mounted, so no page waits for a sync.
-    mount: { unmount: async () => undefined, serveUntil: () => undefined, fence: () => undefined, sync: async () => false, invalidate: () => undefined },
+    mount: { unmount: async () => undefined, serveUntil: () => undefined, fence: () => undefined, sync: async () => false, invalidate: () => undefined, switchRoot: () => undefined },
   };
   owner.sessions.add(volumeId, started);
   try {

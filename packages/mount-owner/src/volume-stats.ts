@@ -41,6 +41,8 @@ function stagedTree(record: VolumeRecord | undefined, volumeId: string, request:
  */
 async function abnormalReasons(owner: Owner, volumeId: string): Promise<string[]> {
   if (owner.sessions.awaitsResume(volumeId)) throw unavailable(`volume ${volumeId}: its FUSE connection, kept across the mount owner's restart, is not served yet; ask again once it is`);
+  // A read-only volume has no epoch: the worker's report (a fetch that failed) is all.
+  if (owner.readers.has(volumeId)) return owner.link.abnormal(volumeId);
   const live = owner.sessions.get(volumeId);
   if (!live) return ["not served: the mount owner restarted and serves no mount of the volume on this node; its mount fails until the volume is unpublished and unstaged, then staged again"];
   const lost = whyLost(live);

@@ -63,6 +63,17 @@ export class WorkerLink {
     return { ...tree, ...claimed };
   }
 
+  /** A read-only volume's ref fetched and its commit checked out; `serving`, the directory the mount serves now, is kept. */
+  checkoutReader(record: VolumeRecord, credential: gitcsi.Credential | undefined, serving: string): Promise<gitWorker.CheckoutReaderResponse> {
+    const request = { volumeId: record.volumeId, source: record.source, credential, serving, claim: record.claim, pods: Object.values(record.pods ?? {}) };
+    return call(this.worker.checkoutReader.bind(this.worker), request, WORKER_TIMEOUT_MS);
+  }
+
+  /** A read-only volume left the node: its checkouts go. */
+  async releaseReader(volumeId: string, source: gitcsi.VolumeSource): Promise<void> {
+    await call(this.worker.releaseReader.bind(this.worker), { volumeId, source }, REMOVE_TIMEOUT_MS);
+  }
+
   /** renew_mount of every session's epoch, in one call per renewal interval (renewals.ts). */
   renewLeases(): NodeJS.Timeout {
     return renewEvery({

@@ -5,7 +5,7 @@ import { type LiveSession, servingLeft } from "../src/sessions";
 
 /** A session as the hand-over reads it: only its serving time and loss count. */
 function session(serveUntil: number, lost?: string): LiveSession {
-  const mount = { unmount: async () => undefined, serveUntil: () => undefined, fence: () => undefined, sync: async () => false, invalidate: () => undefined };
+  const mount = { unmount: async () => undefined, serveUntil: () => undefined, fence: () => undefined, sync: async () => false, invalidate: () => undefined, switchRoot: () => undefined };
   return { stagingPath: "/staging", mount, workerInstance: "", epoch: "e", serveUntil, lost };
 }
 

@@ -1,12 +1,18 @@
 import { AccessMode } from "./gen/gitcsi/v1/volume";
 
-/** The single-node access modes the driver serves, by the names Kubernetes gives them. */
-export type AccessModeName = "ReadWriteOnce" | "ReadWriteOncePod";
+/** The access modes the driver serves, by the names Kubernetes gives them. */
+export type AccessModeName = "ReadWriteOnce" | "ReadWriteOncePod" | "ReadOnlyMany";
 
 const BY_NAME: Record<AccessModeName, AccessMode> = {
   ReadWriteOncePod: AccessMode.READ_WRITE_ONCE_POD,
   ReadWriteOnce: AccessMode.READ_WRITE_ONCE,
+  ReadOnlyMany: AccessMode.READ_ONLY_MANY,
 };
+
+/** A reader writes nothing to the remote and claims no owner ref. */
+export function isReader(mode: AccessMode): boolean {
+  return mode === AccessMode.READ_ONLY_MANY;
+}
 
 /** The mode a Kubernetes name stands for, or undefined for any other name. */
 export function accessModeNamed(name: string): AccessMode | undefined {

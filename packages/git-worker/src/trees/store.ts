@@ -59,6 +59,11 @@ export class Store {
     return path.join(this.volumeDir(volumeId), "ignore");
   }
 
+  /** Where a read-only volume's commits are checked out, one directory per commit. */
+  readerDir(volumeId: string): string {
+    return path.join(this.stateDir, "readers", volumeId);
+  }
+
   /** A second worktree beside the pod's, where rebases run out of the application's view. */
   scratchDir(volumeId: string): string {
     return path.join(this.stateDir, "scratch", `${volumeId}.rebase`);

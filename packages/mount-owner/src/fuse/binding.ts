@@ -21,6 +21,7 @@ interface NativeAddon {
   quiesce(handle: NativeHandle): void;
   setIncarnation(incarnation: number): void;
   clockMs(): number;
+  switchRoot(handle: NativeHandle, backing: string): void;
 }
 
 /** A FUSE connection the keeper holds: its /dev/fuse descriptor (now this process's too) and the kernel's INIT of it. */
@@ -78,6 +79,11 @@ export interface FuseMount {
   sync(): Promise<boolean>;
   /** The kernel forgets the entries and attributes it cached: the tree moved behind the mount. */
   invalidate(): void;
+  /**
+   * Serves backing from now on, in one step at the root (native/root.c): a
+   * file open keeps reading the old tree; the kernel caches no entry any more.
+   */
+  switchRoot(backing: string): void;
   /** The keeper at socketPath holds the connection from now on too, under key. */
   keep(socketPath: string, key: string): void;
   /** No request is taken any more and every one taken is answered: the next mount owner serves the rest. */
@@ -123,6 +129,9 @@ function wrap(handle: NativeHandle, opts: FuseMountOptions): FuseMount {
     sync: () => (mounted ? addon.syncMount(handle) : Promise.resolve(false)),
     invalidate: () => {
       if (mounted) addon.invalidate(handle);
+    },
+    switchRoot: (backing) => {
+      if (mounted) addon.switchRoot(handle, backing);
     },
     keep: (socketPath, key) => addon.keep(handle, socketPath, key),
     quiesce: () => addon.quiesce(handle),
