@@ -4,6 +4,7 @@ import { status } from "@grpc/grpc-js";
 import { type BranchPlan, branchPlanOf, ProvisionError } from "@git-csi/config";
 import { call, CsiError, csi, describeAccessMode, gitcsi, invalidArgument, type mountOwner, required, unary, unavailable } from "@git-csi/protos";
 import { ACCESS_MODE_KEY, accessModeOf, accessModeOfAll, accessModeOfPersistentVolume, capabilityOf } from "./capabilities";
+import { snapshotMethods } from "./snapshots";
 import { checkClassParameters, credentialFrom, sourceOf, volumeIdOf } from "./validate";
 
 const TIMEOUT_MS = 30_000;
@@ -42,6 +43,8 @@ export function controllerService(owner: mountOwner.MountOwnerClient, logger: Lo
         csi.ControllerServiceCapability_RPC_Type.CREATE_DELETE_VOLUME,
         csi.ControllerServiceCapability_RPC_Type.MODIFY_VOLUME,
         csi.ControllerServiceCapability_RPC_Type.SINGLE_NODE_MULTI_WRITER,
+        csi.ControllerServiceCapability_RPC_Type.CREATE_DELETE_SNAPSHOT,
+        csi.ControllerServiceCapability_RPC_Type.LIST_SNAPSHOTS,
       ].map((type) => ({ rpc: { type } })),
     })),
 
@@ -79,6 +82,8 @@ export function controllerService(owner: mountOwner.MountOwnerClient, logger: Lo
         message: "",
       };
     }),
+
+    ...snapshotMethods(owner, logger),
 
     controllerModifyVolume: unary("controller_modify_volume", logger, async (request: csi.ControllerModifyVolumeRequest) => {
       const volumeId = volumeIdOf(request.volumeId);

@@ -68,7 +68,7 @@ export async function retireBranch(deps: GitWorkerDeps, request: gitWorker.Retir
   });
 }
 
-function branchRequestOf(request: { volumeId: string; source?: gitcsi.VolumeSource }): { volumeId: string; source: gitcsi.VolumeSource; branch: string } {
+export function branchRequestOf(request: { volumeId: string; source?: gitcsi.VolumeSource }): { volumeId: string; source: gitcsi.VolumeSource; branch: string } {
   const volumeId = required(request.volumeId, "volume_id");
   const source = required(request.source, "source");
   checkRemoteUrl(required(source.url, "source.url"));
@@ -76,7 +76,7 @@ function branchRequestOf(request: { volumeId: string; source?: gitcsi.VolumeSour
 }
 
 /** One operation on the URL's bare repository with the request's credential, which goes when it ends. */
-async function onRemote<T>(deps: GitWorkerDeps, volumeId: string, source: gitcsi.VolumeSource, credential: gitcsi.Credential | undefined, work: (repo: SimpleGit) => Promise<T>): Promise<T> {
+export async function onRemote<T>(deps: GitWorkerDeps, volumeId: string, source: gitcsi.VolumeSource, credential: gitcsi.Credential | undefined, work: (repo: SimpleGit) => Promise<T>): Promise<T> {
   const dir = path.join(deps.store.stateDir, "provision", volumeId);
   const access = await RemoteAccess.open(parseCredential(credential?.data), dir, deps.store.socketDir(), deps.broker);
   try {
