@@ -1,5 +1,5 @@
 import { status } from "@grpc/grpc-js";
-import { alreadyExists, CsiError, type gitcsi, invalidArgument, type mountOwner, required } from "@git-csi/protos";
+import { alreadyExists, CsiError, type gitcsi, type gitWorker, invalidArgument, type mountOwner, notFound, required } from "@git-csi/protos";
 import type { Owner } from "./context";
 
 /**
@@ -38,6 +38,29 @@ export async function listSnapshots(owner: Owner, request: mountOwner.ListSnapsh
   const all = await owner.state.allSnapshots();
   const snapshots = all.filter((s) => (request.snapshotId === "" || s.snapshotId === request.snapshotId) && (request.sourceVolumeId === "" || s.sourceVolumeId === request.sourceVolumeId));
   return { snapshots };
+}
+
+/**
+ * Where a restored or cloned volume's branch starts: a recorded snapshot, or
+ * a volume the controller knows, of the same repository. NotFound for an
+ * unknown source, as CSI asks.
+ */
+export async function branchStartOf(owner: Owner, wanted: mountOwner.Volume, source: mountOwner.ContentSource): Promise<gitWorker.BranchStart> {
+  const url = wanted.source!.url;
+  if (source.snapshotId !== "") {
+    const snapshot = await owner.state.snapshot(source.snapshotId);
+    if (!snapshot) throw notFound(`volume_content_source.snapshot ${source.snapshotId} does not exist`);
+    checkSameRepository(`volume_content_source.snapshot ${source.snapshotId}`, snapshot.source!.url, url);
+    return { snapshotId: source.snapshotId, volumeId: "", ref: "" };
+  }
+  const volume = await knownOr(owner, required(source.volumeId, "volume_content_source.volume.volume_id"), () => notFound(`volume_content_source.volume ${source.volumeId} does not exist`));
+  checkSameRepository(`volume_content_source.volume ${source.volumeId}`, volume.source!.url, url);
+  return { snapshotId: "", volumeId: source.volumeId, ref: volume.source!.ref };
+}
+
+/** A restore or a clone is a new branch of the source's repository: git has no cheaper copy, and the credential is one repository's. */
+function checkSameRepository(field: string, sourceUrl: string, url: string): void {
+  if (sourceUrl !== url) throw invalidArgument(`${field} is of ${sourceUrl}; a restore or a clone is a branch of the same repository, and parameters.url names ${url}`);
 }
 
 function sameSource(recorded: mountOwner.Snapshot, sourceVolumeId: string): mountOwner.Snapshot {

@@ -169,8 +169,8 @@ export class WorkerLink {
   }
 
   /** CreateVolume's branch on the remote; the worker refuses a baseRef the remote lacks. */
-  provisionBranch(volume: mountOwner.Volume, credential: gitcsi.Credential | undefined): Promise<gitWorker.ProvisionBranchResponse> {
-    const request = { volumeId: volume.volumeId, source: volume.source, baseRef: volume.baseRef, credential };
+  provisionBranch(volume: mountOwner.Volume, credential: gitcsi.Credential | undefined, start?: gitWorker.BranchStart): Promise<gitWorker.ProvisionBranchResponse> {
+    const request = { volumeId: volume.volumeId, source: volume.source, baseRef: volume.baseRef, credential, start };
     return call(this.worker.provisionBranch.bind(this.worker), request, WORKER_TIMEOUT_MS);
   }
 

@@ -1,14 +1,15 @@
 import { status } from "@grpc/grpc-js";
-import { defaultPolicy, sideBranchOf } from "@git-csi/config";
-import { alreadyExists, CsiError, failedPrecondition, type gitWorker, required, unavailable } from "@git-csi/protos";
+import { defaultPolicy, METADATA_REF, sideBranchOf } from "@git-csi/config";
+import { alreadyExists, CsiError, failedPrecondition, type gitWorker, notFound, required, unavailable } from "@git-csi/protos";
 import type { SimpleGit } from "simple-git";
 import { RecordError, parseRecord } from "../lease/ownership";
-import { runGit } from "../remote/git";
-import { deleteRefs, fetchBranch, fetchMetadata, fetchOwner, fetchRef, pushUpdates, RemoteError } from "../remote/remote";
+import { branchTreeName } from "../metadata/format";
+import { converse, runGit } from "../remote/git";
+import { deleteRefs, fetchBranch, fetchMetadata, fetchOwner, fetchRef, pushUpdates, RemoteError, type RefUpdate } from "../remote/remote";
 import { revParse } from "../remote/tree";
 import type { GitWorkerDeps } from "../service";
 import { branchRequestOf, onRemote } from "./branches";
-import { snapshotRef, upstreamRef, upstreamSnapshotRef } from "./store";
+import { branchOfRef, snapshotRef, upstreamRef, upstreamSnapshotRef } from "./store";
 
 /** A volume's content at one moment: the commit the remote holds for it, and the metadata commit that lists its modes, owners and empty directories. */
 export interface VolumePoint {
@@ -56,6 +57,38 @@ export async function removeSnapshot(deps: GitWorkerDeps, request: gitWorker.Rem
     deps.logger.info(`deleted ${snapshotRef(snapshotId)}`, { snapshot: snapshotId, operation: "delete_snapshot" });
     return { deleted: true };
   });
+}
+
+/** Where a restore or a clone starts: a snapshot's point as its commit records it, or a released volume's pushed commit now. */
+export async function startPoint(repo: SimpleGit, url: string, start: gitWorker.BranchStart): Promise<VolumePoint> {
+  if (start.snapshotId === "") return volumePoint(repo, url, required(start.volumeId, "start.volume_id"), branchOfRef(start.ref));
+  const commit = await onUrl(url, fetchSnapshot(repo, start.snapshotId));
+  if (commit === "") throw notFound(`volume_content_source.snapshot ${start.snapshotId}: ${snapshotRef(start.snapshotId)} is not in ${url}`);
+  return pointOf(await snapshotMessage(repo, commit));
+}
+
+/**
+ * The ref updates that list the new branch in refs/git-csi/metadata as the
+ * point's branch was listed, so the stage replays its modes, owners and empty
+ * directories: a compare-and-swap from the metadata commit the remote holds
+ * now. None when the listing would not change.
+ */
+export async function metadataUpdates(repo: SimpleGit, gitDir: string, branch: string, point: VolumePoint): Promise<RefUpdate[]> {
+  const current = await fetchMetadata(repo);
+  const named = branchTreeName(branch);
+  const listing = point.metadata === "" ? "" : await runGit(repo, ["ls-tree", point.metadata, "--", branchTreeName(point.branch)]);
+  // Branch names hold no whitespace or quotes (git's ref rules), so ls-tree's lines need no -z.
+  const entries = current === "" ? [] : (await runGit(repo, ["ls-tree", current])).split("\n").filter(Boolean);
+  const others = entries.filter((e) => e.split("\t")[1] !== named);
+  const wanted = listing === "" ? others : [...others, `${listing.split("\t")[0]}\t${named}`];
+  if (wanted.length === entries.length && wanted.every((e) => entries.includes(e))) return [];
+  const tree = await converse({ cwd: gitDir, env: { GIT_DIR: gitDir }, config: [] }, ["mktree", "--batch"], async (io) => {
+    io.write(`${wanted.join("\n")}\n\n`);
+    return io.line();
+  });
+  const message = `git.liken.sh: ${branch} starts with the modes, owners and empty directories of ${point.branch} at ${point.data.slice(0, 12)}`;
+  const commit = await commitTree(repo, tree.trim(), current === "" ? [] : [current], message);
+  return [{ ref: METADATA_REF, expected: current, next: commit }];
 }
 
 /** FailedPrecondition while a mount epoch holds the volume: its node may have writes the remote lacks. */
