@@ -1,7 +1,7 @@
 import { findPersistentVolume, type KubeConfig } from "@git-csi/k8s";
 import type { Logger } from "@git-csi/logging";
 import { status } from "@grpc/grpc-js";
-import { type BranchPlan, branchPlanOf, namesClaim, ProvisionError } from "@git-csi/config";
+import { type BranchPlan, branchPlanOf, namesClaim, ProvisionError, REF_VARIABLES } from "@git-csi/config";
 import { call, CsiError, csi, describeAccessMode, gitcsi, invalidArgument, type mountOwner, required, unary, unavailable } from "@git-csi/protos";
 import { ACCESS_MODE_KEY, accessModeOf, accessModeOfAll, accessModeOfPersistentVolume, capabilityOf } from "./capabilities";
 import { snapshotMethods } from "./snapshots";
@@ -106,7 +106,8 @@ function createRequestOf(request: csi.CreateVolumeRequest): mountOwner.CreateVol
   if (unknown.length > 0) {
     throw invalidArgument(`parameters ${unknown.join(", ")}: a StorageClass takes only ${STORAGE_CLASS_PARAMETERS.join(", ")}; commit and push policy belongs in a VolumeAttributesClass`);
   }
-  const plan = planOf(request.parameters);
+  // The external-provisioner names the PersistentVolume as it names CreateVolume: ${pv.metadata.name} needs no --extra-create-metadata.
+  const plan = planOf({ [REF_VARIABLES["pv.metadata.name"]!]: name, ...request.parameters });
   const contentSource = contentSourceOf(request.volumeContentSource, request.parameters.ref!);
   const source = sourceOf({ url: required(userParameters.url, "parameters.url"), ref: plan.ref }, "parameters");
   const credential = credentialFrom(request.secrets, "secrets");
