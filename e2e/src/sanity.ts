@@ -15,7 +15,8 @@ async function main(): Promise<number> {
       parameters: path.join(driver.dir, "parameters.yaml"),
       mutable: path.join(driver.dir, "mutable-parameters.yaml"),
     };
-    await fs.writeFile(files.parameters, `url: ${server.url("sanity.git")}\nref: main\n`);
+    // A branch per volume: csi-sanity's restore and clone cases make a new branch, which a shared ref cannot be.
+    await fs.writeFile(files.parameters, `url: ${server.url("sanity.git")}\nref: sanity/\${pv.metadata.name}\n`);
     await fs.writeFile(files.mutable, `push.quiesce: 5s\npush.maxLatency: 1m\n`);
     const args = [
       `-csi.endpoint=${driver.endpoint}`,

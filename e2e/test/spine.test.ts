@@ -50,10 +50,11 @@ describe("the spine: three services, the CSI surface, a real FUSE mount", () => 
     assert.equal(probe.ready, true);
   });
 
-  test("capabilities: the controller creates, deletes and modifies volumes and is never asked to attach; the node stages and takes the pod's fsGroup", async () => {
+  test("capabilities: the controller creates, deletes, modifies, snapshots and clones volumes and is never asked to attach; the node stages and takes the pod's fsGroup", async () => {
     const controller = await call(driver.controller.controllerGetCapabilities.bind(driver.controller), {}, T);
     const C = csi.ControllerServiceCapability_RPC_Type;
-    assert.deepEqual(controller.capabilities.map((c) => c.rpc?.type).sort(), [C.CREATE_DELETE_VOLUME, C.MODIFY_VOLUME, C.SINGLE_NODE_MULTI_WRITER].sort());
+    const advertised = [C.CREATE_DELETE_VOLUME, C.MODIFY_VOLUME, C.SINGLE_NODE_MULTI_WRITER, C.CREATE_DELETE_SNAPSHOT, C.LIST_SNAPSHOTS, C.CLONE_VOLUME];
+    assert.deepEqual(controller.capabilities.map((c) => c.rpc?.type).sort(), advertised.sort());
     const node = await call(driver.node.nodeGetCapabilities.bind(driver.node), {}, T);
     const N = csi.NodeServiceCapability_RPC_Type;
     assert.deepEqual(node.capabilities.map((c) => c.rpc?.type).sort(), [N.STAGE_UNSTAGE_VOLUME, N.SINGLE_NODE_MULTI_WRITER, N.VOLUME_MOUNT_GROUP, N.GET_VOLUME_STATS, N.VOLUME_CONDITION].sort());

@@ -61,10 +61,15 @@ export function branchPlanOf(parameters: Record<string, string>): BranchPlan {
   const onDelete = (parameters.onDelete ?? "keep") as OnDelete;
   if (!ON_DELETE.includes(onDelete)) throw new ProvisionError("onDelete", `${JSON.stringify(parameters.onDelete)} must be one of ${ON_DELETE.join(", ")}`);
   // A branch several claims share is no claim's to archive or delete.
-  if (onDelete !== "keep" && !PER_CLAIM.some((v) => template.includes(v))) {
+  if (onDelete !== "keep" && !namesClaim(template)) {
     throw new ProvisionError("onDelete", `${onDelete} applies only to a branch per claim: ref must hold ${PER_CLAIM.join(" or ")}`);
   }
   return { ref, baseRef, onDelete, makesBranch: template.includes("${") || baseRef !== "" };
+}
+
+/** Whether a ref template gives each claim a branch of its own: only then may a volume archive, delete, restore or clone into it. */
+export function namesClaim(template: string): boolean {
+  return PER_CLAIM.some((v) => template.includes(v));
 }
 
 function renderRef(template: string, parameters: Record<string, string>): string {

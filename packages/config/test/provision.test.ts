@@ -1,6 +1,6 @@
 import assert from "node:assert/strict";
 import { test } from "node:test";
-import { branchPlanOf, ProvisionError } from "../src";
+import { branchPlanOf, namesClaim, ProvisionError } from "../src";
 
 const CLAIM = { "csi.storage.k8s.io/pvc/namespace": "home", "csi.storage.k8s.io/pvc/name": "ha-config", "csi.storage.k8s.io/pv/name": "pvc-0f3a" };
 
@@ -26,4 +26,11 @@ test("a bad template, baseRef or onDelete is refused naming the parameter and th
   for (const ref of ["main", "claims/${pvc.metadata.namespace}"]) {
     assert.throws(() => branchPlanOf({ ref, onDelete: "delete", ...CLAIM }), refusal("onDelete", "applies only to a branch per claim"));
   }
+});
+
+test("only a ref with a claim's or a volume's name is a branch per claim, which a restore or a clone may make", () => {
+  assert.equal(namesClaim("claims/${pvc.metadata.namespace}/${pvc.metadata.name}"), true);
+  assert.equal(namesClaim("${pv.metadata.name}"), true);
+  assert.equal(namesClaim("claims/${pvc.metadata.namespace}"), false);
+  assert.equal(namesClaim("main"), false);
 });

@@ -1,9 +1,10 @@
 import { findPersistentVolume, type KubeConfig } from "@git-csi/k8s";
 import type { Logger } from "@git-csi/logging";
 import { status } from "@grpc/grpc-js";
-import { type BranchPlan, branchPlanOf, ProvisionError } from "@git-csi/config";
+import { type BranchPlan, branchPlanOf, namesClaim, ProvisionError, REF_VARIABLES } from "@git-csi/config";
 import { call, CsiError, csi, describeAccessMode, gitcsi, invalidArgument, type mountOwner, required, unary, unavailable } from "@git-csi/protos";
 import { ACCESS_MODE_KEY, accessModeOf, accessModeOfAll, accessModeOfPersistentVolume, capabilityOf } from "./capabilities";
+import { snapshotMethods } from "./snapshots";
 import { checkClassParameters, credentialFrom, sourceOf, volumeIdOf } from "./validate";
 
 const TIMEOUT_MS = 30_000;
@@ -42,6 +43,9 @@ export function controllerService(owner: mountOwner.MountOwnerClient, logger: Lo
         csi.ControllerServiceCapability_RPC_Type.CREATE_DELETE_VOLUME,
         csi.ControllerServiceCapability_RPC_Type.MODIFY_VOLUME,
         csi.ControllerServiceCapability_RPC_Type.SINGLE_NODE_MULTI_WRITER,
+        csi.ControllerServiceCapability_RPC_Type.CREATE_DELETE_SNAPSHOT,
+        csi.ControllerServiceCapability_RPC_Type.LIST_SNAPSHOTS,
+        csi.ControllerServiceCapability_RPC_Type.CLONE_VOLUME,
       ].map((type) => ({ rpc: { type } })),
     })),
 
@@ -53,7 +57,7 @@ export function controllerService(owner: mountOwner.MountOwnerClient, logger: Lo
           volumeId: volume!.volumeId,
           capacityBytes: volume!.capacityBytes,
           volumeContext: { url: wanted.source!.url, ref: wanted.source!.ref, [ACCESS_MODE_KEY]: describeAccessMode(wanted.accessMode) },
-          contentSource: undefined,
+          contentSource: request.volumeContentSource,
           accessibleTopology: [],
         },
       };
@@ -80,6 +84,8 @@ export function controllerService(owner: mountOwner.MountOwnerClient, logger: Lo
       };
     }),
 
+    ...snapshotMethods(owner, logger),
+
     controllerModifyVolume: unary("controller_modify_volume", logger, async (request: csi.ControllerModifyVolumeRequest) => {
       const volumeId = volumeIdOf(request.volumeId);
       checkClassParameters(request.mutableParameters, "mutable_parameters");
@@ -95,13 +101,14 @@ export function controllerService(owner: mountOwner.MountOwnerClient, logger: Lo
 function createRequestOf(request: csi.CreateVolumeRequest): mountOwner.CreateVolumeRequest {
   const name = volumeIdOf(request.name, "name");
   const accessMode = accessModeOfAll(request.volumeCapabilities, "volume_capabilities");
-  if (request.volumeContentSource) throw invalidArgument("volume_content_source: a git volume is not made from a snapshot or a clone; name the repository in parameters.url");
   const userParameters = Object.fromEntries(Object.entries(request.parameters).filter(([k]) => !k.startsWith(PROVISIONER_PREFIX)));
   const unknown = Object.keys(userParameters).filter((k) => !STORAGE_CLASS_PARAMETERS.includes(k));
   if (unknown.length > 0) {
     throw invalidArgument(`parameters ${unknown.join(", ")}: a StorageClass takes only ${STORAGE_CLASS_PARAMETERS.join(", ")}; commit and push policy belongs in a VolumeAttributesClass`);
   }
-  const plan = planOf(request.parameters);
+  // The external-provisioner names the PersistentVolume as it names CreateVolume: ${pv.metadata.name} needs no --extra-create-metadata.
+  const plan = planOf({ [REF_VARIABLES["pv.metadata.name"]!]: name, ...request.parameters });
+  const contentSource = contentSourceOf(request.volumeContentSource, request.parameters.ref!);
   const source = sourceOf({ url: required(userParameters.url, "parameters.url"), ref: plan.ref }, "parameters");
   const credential = credentialFrom(request.secrets, "secrets");
   checkClassParameters(request.mutableParameters, "mutable_parameters");
@@ -115,7 +122,21 @@ function createRequestOf(request: csi.CreateVolumeRequest): mountOwner.CreateVol
     onDelete: ON_DELETE[plan.onDelete],
     credential,
     makeBranch: plan.makesBranch,
+    contentSource,
   };
+}
+
+/** A restore or a clone: a new branch per claim at the source's commit; a shared ref cannot take one. */
+function contentSourceOf(source: csi.VolumeContentSource | undefined, template: string): mountOwner.ContentSource | undefined {
+  if (!source) return undefined;
+  if (!namesClaim(template)) {
+    throw invalidArgument(
+      `volume_content_source: a restore or a clone makes a branch of its own, so parameters.ref must hold \${pvc.metadata.name} or \${pv.metadata.name}; ${JSON.stringify(template)} names a branch several claims share`,
+    );
+  }
+  if (source.snapshot) return { snapshotId: volumeIdOf(source.snapshot.snapshotId, "volume_content_source.snapshot.snapshot_id"), volumeId: "" };
+  if (source.volume) return { snapshotId: "", volumeId: volumeIdOf(source.volume.volumeId, "volume_content_source.volume.volume_id") };
+  throw invalidArgument("volume_content_source names neither a snapshot nor a volume");
 }
 
 /** The capacity a range asks for; a git volume has no size of its own, so any sane range is taken. */

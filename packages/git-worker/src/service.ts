@@ -6,6 +6,7 @@ import type { DriverMetrics } from "@git-csi/metrics";
 import { failedPrecondition, gitWorker, notFound, required, unary } from "@git-csi/protos";
 import type { CredentialBroker } from "./remote/broker";
 import { provisionBranch, retireBranch } from "./trees/branches";
+import { makeSnapshot, removeSnapshot } from "./trees/snapshots";
 import { removeTree } from "./trees/gc";
 import { claimMount, dropPrepared, type Prepared, prepareVolume } from "./trees/prepare";
 import { checkoutReader, type Readers, readerReport, releaseReader } from "./trees/reader";
@@ -114,6 +115,10 @@ export function gitWorkerService(deps: GitWorkerDeps): gitWorker.GitWorkerServer
     provisionBranch: unary("provision_branch", logger, (request: gitWorker.ProvisionBranchRequest) => provisionBranch(deps, request)),
 
     retireBranch: unary("retire_branch", logger, (request: gitWorker.RetireBranchRequest) => retireBranch(deps, request)),
+
+    makeSnapshot: unary("create_snapshot", logger, (request: gitWorker.MakeSnapshotRequest) => makeSnapshot(deps, request)),
+
+    removeSnapshot: unary("delete_snapshot", logger, (request: gitWorker.RemoveSnapshotRequest) => removeSnapshot(deps, request)),
 
     getReport: unary("report", logger, async (request: gitWorker.GetReportRequest) => {
       const volumeId = required(request.volumeId, "volume_id");

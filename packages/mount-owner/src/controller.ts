@@ -1,6 +1,7 @@
 import { gitcsi, type mountOwner, required } from "@git-csi/protos";
 import type { Owner } from "./context";
 import { setReaderClass } from "./reader";
+import { branchStartOf } from "./snapshots";
 
 /**
  * CreateVolume: the volume's branch on the remote, then the controller's
@@ -18,12 +19,14 @@ export async function createVolume(owner: Owner, request: mountOwner.CreateVolum
     classParameters: request.classParameters,
     baseRef: request.baseRef,
     onDelete: request.onDelete,
+    contentSource: request.contentSource,
   };
   return owner.perVolume.run(name, async () => {
     // A retry of a volume made already answers without the remote: the branch was made before the record.
     const existing = await owner.state.checkCreatable(wanted);
     if (existing) return { volume: existing };
-    const branch = request.makeBranch ? await owner.link.provisionBranch(wanted, request.credential) : undefined;
+    const start = request.contentSource && (await branchStartOf(owner, wanted, request.contentSource));
+    const branch = request.makeBranch || start ? await owner.link.provisionBranch(wanted, request.credential, start) : undefined;
     const { volume } = await owner.state.createVolume(wanted);
     owner.logger.info(`volume created on ${branch?.created ? "a new" : "the"} branch ${wanted.source!.ref}`, { volume: name, operation: "create_volume" });
     return { volume };

@@ -9,6 +9,7 @@ import { publish, unpublish } from "./publish";
 import { stageReader, unstageReader } from "./reader";
 import { resume, type StagedPaths } from "./resume";
 import { MountSessions } from "./sessions";
+import { createSnapshot, deleteSnapshot, listSnapshots } from "./snapshots";
 import { stage, unstage } from "./stage";
 import { invalidateMount, syncMount } from "./sync-mount";
 import { TreeUsage } from "./tree-usage";
@@ -90,6 +91,12 @@ function mountOwnerService(owner: Owner): mountOwner.MountOwnerServer {
       await deleteVolume(owner, volumeId, request.credential);
       return {};
     }),
+    createSnapshot: unary("create_snapshot", logger, (request: mountOwner.CreateSnapshotRequest) => createSnapshot(owner, request)),
+    deleteSnapshot: unary("delete_snapshot", logger, async (request: mountOwner.DeleteSnapshotRequest) => {
+      await deleteSnapshot(owner, required(request.snapshotId, "snapshot_id"), request.credential);
+      return {};
+    }),
+    listSnapshots: unary("list_snapshots", logger, (request: mountOwner.ListSnapshotsRequest) => listSnapshots(owner, request)),
     getVolume: serialized("get_volume", async (_request: mountOwner.GetVolumeRequest, volumeId) => ({ volume: await state.knownVolume(volumeId) })),
     modifyVolume: serialized("modify_volume", (request: mountOwner.ModifyVolumeRequest, volumeId) => modifyVolume(owner, request, volumeId)),
     setVolumeClass: serialized("set_volume_class", async (request: mountOwner.SetVolumeClassRequest, volumeId) => {

@@ -107,11 +107,13 @@ export class State {
   private readonly volumes: RecordDir<VolumeRecord>;
   private readonly provisioned: RecordDir<mountOwner.Volume>;
   private readonly deletions: RecordDir<VolumeRecord>;
+  private readonly snapshots: RecordDir<mountOwner.Snapshot>;
 
   constructor(readonly stateDir: string) {
     this.volumes = new RecordDir(path.join(stateDir, "volumes"));
     this.provisioned = new RecordDir(path.join(stateDir, "provisioned"));
     this.deletions = new RecordDir(path.join(stateDir, "deletions"));
+    this.snapshots = new RecordDir(path.join(stateDir, "snapshots"));
   }
 
   /** The node's record of a volume; absent when the node never staged it. */
@@ -238,6 +240,25 @@ export class State {
       baseRef: "",
       onDelete: gitcsi.OnDelete.ON_DELETE_KEEP,
     };
+  }
+
+  /** The controller's record of a snapshot; absent when it made none under the id. */
+  snapshot(snapshotId: string): Promise<mountOwner.Snapshot | undefined> {
+    return this.snapshots.get(snapshotId);
+  }
+
+  /** Every snapshot recorded, by id. */
+  async allSnapshots(): Promise<mountOwner.Snapshot[]> {
+    const ids = (await this.snapshots.keys()).sort();
+    return (await Promise.all(ids.map((id) => this.snapshots.get(id)))).filter((s) => s !== undefined);
+  }
+
+  recordSnapshot(snapshot: mountOwner.Snapshot): Promise<void> {
+    return this.snapshots.put(snapshot.snapshotId, snapshot);
+  }
+
+  forgetSnapshot(snapshotId: string): Promise<void> {
+    return this.snapshots.remove(snapshotId);
   }
 
   async recordProvisionedClass(volumeId: string, classParameters: Record<string, string>): Promise<void> {

@@ -180,9 +180,21 @@ export class WorkerLink {
   }
 
   /** CreateVolume's branch on the remote; the worker refuses a baseRef the remote lacks. */
-  provisionBranch(volume: mountOwner.Volume, credential: gitcsi.Credential | undefined): Promise<gitWorker.ProvisionBranchResponse> {
-    const request = { volumeId: volume.volumeId, source: volume.source, baseRef: volume.baseRef, credential };
+  provisionBranch(volume: mountOwner.Volume, credential: gitcsi.Credential | undefined, start?: gitWorker.BranchStart): Promise<gitWorker.ProvisionBranchResponse> {
+    const request = { volumeId: volume.volumeId, source: volume.source, baseRef: volume.baseRef, credential, start };
     return call(this.worker.provisionBranch.bind(this.worker), request, WORKER_TIMEOUT_MS);
+  }
+
+  /** CreateSnapshot's ref on the volume's remote; the worker refuses a volume a mount epoch holds. */
+  makeSnapshot(snapshotId: string, volume: mountOwner.Volume, credential: gitcsi.Credential | undefined): Promise<gitWorker.MakeSnapshotResponse> {
+    const request = { snapshotId, volumeId: volume.volumeId, source: volume.source, credential };
+    return call(this.worker.makeSnapshot.bind(this.worker), request, WORKER_TIMEOUT_MS);
+  }
+
+  /** DeleteSnapshot's ref; false when the remote had none. */
+  async removeSnapshot(snapshot: mountOwner.Snapshot, credential: gitcsi.Credential | undefined): Promise<boolean> {
+    const request = { snapshotId: snapshot.snapshotId, source: snapshot.source, credential };
+    return (await call(this.worker.removeSnapshot.bind(this.worker), request, WORKER_TIMEOUT_MS)).deleted;
   }
 
   /** DeleteVolume's branch, as the volume's onDelete says. */

@@ -4,7 +4,7 @@ import * as os from "node:os";
 import * as path from "node:path";
 import { test, type TestContext } from "node:test";
 import { status } from "@grpc/grpc-js";
-import { CsiError, gitcsi, type mountOwner } from "@git-csi/protos";
+import { CsiError, gitcsi, mountOwner } from "@git-csi/protos";
 import { State, type VolumeRecord } from "../src/state";
 
 async function state(t: TestContext): Promise<State> {
@@ -39,9 +39,11 @@ const volume: mountOwner.Volume = {
 test("CreateVolume's record: the same request again answers the same volume, another one is AlreadyExists and changes nothing", async (t) => {
   const s = await state(t);
   assert.deepEqual(await s.createVolume(volume), { volume, created: true });
-  assert.deepEqual(await s.createVolume(volume), { volume, created: false });
+  // A record read back is the message with every field, unset ones included.
+  assert.deepEqual(await s.createVolume(volume), { volume: mountOwner.Volume.fromPartial(volume), created: false });
   const before = await snapshot(s.stateDir);
   await assert.rejects(s.createVolume({ ...volume, capacityBytes: 1 }), code(status.ALREADY_EXISTS, "volume vol exists with other capacity"));
+  await assert.rejects(s.createVolume({ ...volume, contentSource: { snapshotId: "snap-1", volumeId: "" } }), code(status.ALREADY_EXISTS, "volume vol exists with other"));
   assert.deepEqual(await snapshot(s.stateDir), before);
 });
 

@@ -230,13 +230,17 @@ export function pushCommit(repo: SimpleGit, commit: string, branch: string, fenc
  * Fetches the volume's owner ref into the node's view of it; "" when the
  * remote has none.
  */
-export async function fetchOwner(repo: SimpleGit, volumeId: string): Promise<string> {
-  const seen = upstreamOwnerRef(volumeId);
+export function fetchOwner(repo: SimpleGit, volumeId: string): Promise<string> {
+  return fetchRef(repo, ownerRef(volumeId), upstreamOwnerRef(volumeId));
+}
+
+/** Fetches one remote ref into `seen`; "" when the remote has none, and then `seen` goes too. */
+export async function fetchRef(repo: SimpleGit, ref: string, seen: string): Promise<string> {
   try {
-    await fetch(repo, [`+${ownerRef(volumeId)}:${seen}`]);
+    await fetch(repo, [`+${ref}:${seen}`]);
   } catch (err) {
     const message = gitMessage(err);
-    if (!/couldn't find remote ref/i.test(message)) throw new RemoteError(`fetch of ${ownerRef(volumeId)} failed: ${message}`);
+    if (!/couldn't find remote ref/i.test(message)) throw new RemoteError(`fetch of ${ref} failed: ${message}`);
     await runGit(repo, ["update-ref", "-d", seen]).catch(() => undefined);
   }
   return revParse(repo, seen);

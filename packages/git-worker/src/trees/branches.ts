@@ -2,7 +2,7 @@ import * as fs from "node:fs/promises";
 import * as path from "node:path";
 import { status } from "@grpc/grpc-js";
 import { defaultPolicy, sideBranchOf } from "@git-csi/config";
-import { CsiError, gitcsi, type gitWorker, invalidArgument, required, unavailable } from "@git-csi/protos";
+import { alreadyExists, CsiError, gitcsi, type gitWorker, invalidArgument, required, unavailable } from "@git-csi/protos";
 import type { SimpleGit } from "simple-git";
 import { RemoteAccess } from "../remote/access";
 import { parseCredential } from "../remote/credential";
@@ -10,14 +10,16 @@ import { gitMessage, runGit } from "../remote/git";
 import { fetchBranch, type PushResult, pushUpdates, type RefUpdate } from "../remote/remote";
 import { revParse } from "../remote/tree";
 import type { GitWorkerDeps } from "../service";
+import { metadataUpdates, startPoint, type VolumePoint } from "./snapshots";
 import { archiveRef, branchOfRef, checkRemoteUrl, upstreamRef } from "./store";
 
 /** git's tree with nothing in it, which every repository knows without storing it. */
 const EMPTY_TREE = "4b825dc642cb6eb9a060e54bf8d69288fbee4904";
 
 /**
- * ProvisionBranch: the volume's branch on the remote, made at its base unless
- * it exists. Two controllers making it at once agree: the push is a
+ * ProvisionBranch: the volume's branch on the remote, made at its base (or,
+ * for a restore or a clone, at its start, with the start's metadata listing)
+ * unless it exists. Two controllers making it at once agree: the push is a
  * compare-and-swap from "absent", and the loser finds the winner's branch.
  */
 export async function provisionBranch(deps: GitWorkerDeps, request: gitWorker.ProvisionBranchRequest): Promise<gitWorker.ProvisionBranchResponse> {
@@ -25,18 +27,30 @@ export async function provisionBranch(deps: GitWorkerDeps, request: gitWorker.Pr
   const base = request.baseRef === "" ? undefined : branchOfRef(request.baseRef);
   return onRemote(deps, volumeId, source, request.credential, async (repo) => {
     const heads = await listHeads(repo, source.url);
+    const point = request.start && (await startPoint(repo, source.url, request.start));
     const existing = heads.branches.get(branch);
-    if (existing) return { created: false, commit: existing };
-    const start = await startOf(repo, heads, base, source.url);
-    const pushed = await pushUpdates(repo, [{ ref: `refs/heads/${branch}`, expected: "", next: start }]);
+    if (existing) return { created: false, commit: checkStarts(existing, branch, point) };
+    const start = point ? point.data : await startOf(repo, heads, base, source.url);
+    const metadata = point ? await metadataUpdates(repo, deps.store.repoDir(source.url), branch, point) : [];
+    const pushed = await pushUpdates(repo, [{ ref: `refs/heads/${branch}`, expected: "", next: start }, ...metadata]);
     if (pushed.outcome === "pushed") {
       deps.logger.info(`made the branch ${branch} at ${start.slice(0, 12)}`, { volume: volumeId, operation: "provision_branch" });
       return { created: true, commit: start };
     }
     const raced = pushed.outcome === "rejected" && (await listHeads(repo, source.url)).branches.get(branch);
-    if (raced) return { created: false, commit: raced };
+    if (raced) return { created: false, commit: checkStarts(raced, branch, point) };
+    // refs/git-csi/metadata moved under a restore: the provisioner's retry lists it again.
+    if (pushed.outcome === "rejected") throw new CsiError(status.ABORTED, `making the branch ${branch} in ${source.url} raced another push: ${pushed.message}`);
     throw unavailable(`making the branch ${branch} in ${source.url} failed: ${pushed.message}`);
   });
+}
+
+/** A restore or a clone makes a new branch: one already elsewhere would be served as if it were the source's. */
+function checkStarts(commit: string, branch: string, point: VolumePoint | undefined): string {
+  if (point && commit !== point.data) {
+    throw alreadyExists(`parameters.ref: the branch ${branch} exists at ${commit.slice(0, 12)}; a restore or a clone makes a new branch at ${point.data.slice(0, 12)}`);
+  }
+  return commit;
 }
 
 /**
@@ -68,7 +82,7 @@ export async function retireBranch(deps: GitWorkerDeps, request: gitWorker.Retir
   });
 }
 
-function branchRequestOf(request: { volumeId: string; source?: gitcsi.VolumeSource }): { volumeId: string; source: gitcsi.VolumeSource; branch: string } {
+export function branchRequestOf(request: { volumeId: string; source?: gitcsi.VolumeSource }): { volumeId: string; source: gitcsi.VolumeSource; branch: string } {
   const volumeId = required(request.volumeId, "volume_id");
   const source = required(request.source, "source");
   checkRemoteUrl(required(source.url, "source.url"));
@@ -76,7 +90,7 @@ function branchRequestOf(request: { volumeId: string; source?: gitcsi.VolumeSour
 }
 
 /** One operation on the URL's bare repository with the request's credential, which goes when it ends. */
-async function onRemote<T>(deps: GitWorkerDeps, volumeId: string, source: gitcsi.VolumeSource, credential: gitcsi.Credential | undefined, work: (repo: SimpleGit) => Promise<T>): Promise<T> {
+export async function onRemote<T>(deps: GitWorkerDeps, volumeId: string, source: gitcsi.VolumeSource, credential: gitcsi.Credential | undefined, work: (repo: SimpleGit) => Promise<T>): Promise<T> {
   const dir = path.join(deps.store.stateDir, "provision", volumeId);
   const access = await RemoteAccess.open(parseCredential(credential?.data), dir, deps.store.socketDir(), deps.broker);
   try {

@@ -151,6 +151,16 @@ export function archiveRef(volumeId: string, branch: string): string {
   return `refs/git-csi/archive/${volumeId}/${branch}`;
 }
 
+/** A snapshot on the remote: a commit whose parents are the volume's commit and the metadata commit of that moment. */
+export function snapshotRef(snapshotId: string): string {
+  return `refs/git-csi/snapshots/${snapshotId}`;
+}
+
+/** What the node last fetched of a snapshot. */
+export function upstreamSnapshotRef(snapshotId: string): string {
+  return `${UPSTREAM_PREFIX}snapshots/${snapshotId}`;
+}
+
 /** The node's view of the volume's stranded refs, fetched at stage. */
 export function upstreamStrandedRef(volumeId: string): string {
   return `${UPSTREAM_PREFIX}stranded/${volumeId}/`;

@@ -1,0 +1,66 @@
+import type { Logger } from "@git-csi/logging";
+import { status } from "@grpc/grpc-js";
+import { call, CsiError, csi, invalidArgument, type mountOwner, unary } from "@git-csi/protos";
+import { credentialFrom, volumeIdOf } from "./validate";
+
+const TIMEOUT_MS = 5 * 60_000;
+/** Parameters the external-snapshotter adds on its own (the snapshot's Secret and names). */
+const SNAPSHOTTER_PREFIX = "csi.storage.k8s.io/";
+
+/**
+ * The Controller service's snapshot RPCs. A snapshot is a ref on its volume's
+ * remote, refs/git-csi/snapshots/<snapshot id>; its id is the
+ * CO's name, so a retry finds it.
+ */
+export function snapshotMethods(owner: mountOwner.MountOwnerClient, logger: Logger): Pick<csi.ControllerServer, "createSnapshot" | "deleteSnapshot" | "listSnapshots"> {
+  return {
+    createSnapshot: unary("create_snapshot", logger, async (request: csi.CreateSnapshotRequest) => {
+      // The name becomes a ref component and a file name of the controller's records: the rules of a volume id hold.
+      const name = volumeIdOf(request.name, "name");
+      const sourceVolumeId = volumeIdOf(request.sourceVolumeId, "source_volume_id");
+      const unknown = Object.keys(request.parameters).filter((k) => !k.startsWith(SNAPSHOTTER_PREFIX));
+      if (unknown.length > 0) throw invalidArgument(`parameters ${unknown.join(", ")}: a VolumeSnapshotClass takes no parameters; a snapshot is always refs/git-csi/snapshots/<id>`);
+      const credential = credentialFrom(request.secrets, "secrets");
+      const { snapshot } = await call(owner.createSnapshot.bind(owner), { name, sourceVolumeId, credential }, TIMEOUT_MS);
+      return { snapshot: csiSnapshotOf(snapshot!) };
+    }),
+
+    deleteSnapshot: unary("delete_snapshot", logger, async (request: csi.DeleteSnapshotRequest) => {
+      const snapshotId = volumeIdOf(request.snapshotId, "snapshot_id");
+      await call(owner.deleteSnapshot.bind(owner), { snapshotId, credential: credentialFrom(request.secrets, "secrets") }, TIMEOUT_MS);
+      return {};
+    }),
+
+    listSnapshots: unary("list_snapshots", logger, async (request: csi.ListSnapshotsRequest) => {
+      if (request.maxEntries < 0) throw invalidArgument(`max_entries ${request.maxEntries} must not be negative`);
+      const { snapshots } = await call(owner.listSnapshots.bind(owner), { snapshotId: request.snapshotId, sourceVolumeId: request.sourceVolumeId }, TIMEOUT_MS);
+      return pageOf(snapshots.map(csiSnapshotOf), request.startingToken, request.maxEntries);
+    }),
+  };
+}
+
+/** A recorded snapshot as CSI has it: ready at once, since it is made only from what the remote holds. */
+function csiSnapshotOf(snapshot: mountOwner.Snapshot): csi.Snapshot {
+  return {
+    snapshotId: snapshot.snapshotId,
+    sourceVolumeId: snapshot.sourceVolumeId,
+    sizeBytes: snapshot.sizeBytes,
+    creationTime: new Date(snapshot.creationTimeUnixMs),
+    readyToUse: true,
+    groupSnapshotId: "",
+  };
+}
+
+/**
+ * One page of the list, sorted by id: the token is the index of the page's
+ * first entry. A token that names no entry is ABORTED, as CSI asks: the
+ * caller starts again.
+ */
+function pageOf(snapshots: csi.Snapshot[], token: string, maxEntries: number): csi.ListSnapshotsResponse {
+  const start = token === "" ? 0 : Number(token);
+  if (!/^(0|[1-9][0-9]*)$/.test(token || "0") || start > snapshots.length) {
+    throw new CsiError(status.ABORTED, `starting_token ${JSON.stringify(token)} names no entry of the ${snapshots.length} snapshot(s); list again from the start`);
+  }
+  const end = maxEntries === 0 ? snapshots.length : Math.min(snapshots.length, start + maxEntries);
+  return { entries: snapshots.slice(start, end).map((snapshot) => ({ snapshot })), nextToken: end < snapshots.length ? String(end) : "" };
+}
