@@ -3,18 +3,23 @@ import * as fs from "node:fs/promises";
 import * as path from "node:path";
 import { test, type TestContext } from "node:test";
 import { setTimeout as sleep } from "node:timers/promises";
+import { KeyedSerial } from "@git-csi/config";
 import { createLogger } from "@git-csi/logging";
+import { DriverMetrics } from "@git-csi/metrics";
 import type { CollectionPolicy } from "../src/trees/collect-remote";
 import { collectGarbage, removeTree } from "../src/trees/gc";
-import { MountLease, type OnRemote } from "../src/lease/lease";
+import { MountLease, type OnRemote, OwnerWatch } from "../src/lease/lease";
+import { CredentialBroker } from "../src/remote/broker";
+import type { GitWorkerDeps } from "../src/service";
+import { checkoutReader, readerRef, releaseReader } from "../src/trees/reader";
 import type { OwnerRecord } from "../src/lease/ownership";
 import { stagingRef } from "../src/remote/remote";
 import { volumeBranchRef } from "../src/trees/stage";
-import { exists, ownerRef, strandedRef, upstreamOwnerRef } from "../src/trees/store";
+import { exists, ownerRef, Store, strandedRef, upstreamOwnerRef } from "../src/trees/store";
 import { rememberStage } from "../src/trees/strand-kept";
 import { revParse } from "../src/remote/tree";
 import { runGit } from "../src/remote/git";
-import { AUTHOR, recordCommit, type ServedRemote, stageAnother, type StagedNode, stagedNode } from "./remote";
+import { AUTHOR, recordCommit, type ServedRemote, servedRemote, stageAnother, type StagedNode, stagedNode, tempDir } from "./remote";
 
 /**
  * The collection of the driver's refs against a real forge: a bare
@@ -285,4 +290,39 @@ test("a kept tree no stage serves sends the commits its remote lacks to a strand
   assert.deepEqual(stranded(), []);
   // The tree keeps its commit throughout.
   assert.equal(await revParse(a.store.repo(a.remote.url), volumeBranchRef("pvc-kept")), head);
+});
+
+test("a read-only volume's view of its ref and its repository stay through the collection while it is staged, and go once it is released", async (t: TestContext) => {
+  const remote = await servedRemote(t);
+  const stateDir = await tempDir(t, "reader-node");
+  const { logger, lines } = quietLogger();
+  const deps: GitWorkerDeps = {
+    store: new Store(stateDir),
+    syncs: new Map(),
+    readers: new Map(),
+    unstaging: new Set(),
+    broker: new CredentialBroker(path.join(stateDir, "broker.sock")),
+    metrics: new DriverMetrics(),
+    logger,
+    perRepository: new KeyedSerial(),
+    collect: async () => undefined,
+    syncMount: async () => false,
+    invalidateMount: async () => false,
+  };
+  const source = { url: remote.url, ref: "main" };
+  const { commit } = await checkoutReader(deps, { volumeId: "pvc-reader", source, serving: "", pods: [] });
+  const repo = deps.store.repo(remote.url);
+  const collectOnce = () => collectGarbage(deps.store, logger, (_repoDir, work) => work(), { reach: () => undefined, ownerRefRetentionMs: HOUR, watch: new OwnerWatch() });
+
+  // No writer's tree follows the repository: only the reader's checkout does.
+  await collectOnce();
+  assert.equal(await revParse(repo, readerRef("pvc-reader")), commit, "the reader's view stays, so its next fetch is incremental");
+  assert.ok(
+    lines.some((l) => l.operation === "gc" && l.readers === 1),
+    "the collection counted the reader",
+  );
+
+  await releaseReader(deps, { volumeId: "pvc-reader", source });
+  await collectOnce();
+  assert.equal(await exists(deps.store.repoDir(remote.url)), false, "the repository no volume follows goes");
 });

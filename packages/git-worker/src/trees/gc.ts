@@ -10,6 +10,7 @@ import { branchOfRef, exists, type Store, UPSTREAM_METADATA, upstreamOwnerRef, u
 import { revParse } from "../remote/tree";
 import { type KeptTree, strandKept, unpushedOf } from "./strand-kept";
 import { runGit } from "../remote/git";
+import { readerRef } from "./reader";
 
 /** What the worker remembers of a volume whose tree it keeps: the source it follows. */
 export async function rememberSource(store: Store, volumeId: string, source: gitcsi.VolumeSource): Promise<void> {
@@ -100,21 +101,36 @@ export async function collectGarbage(store: Store, logger: Logger, onRepository:
     // Under the repository's lock: a stage of a new volume of this URL must not find its repository gone, and no push of it is half done.
     await onRepository(repoDir, async () => {
       const users = (await keptTrees(store)).filter((t) => store.repoDir(t.source.url) === repoDir);
-      if (users.length === 0) {
+      const readers = await stagedReaderViews(store, store.repoAt(repoDir));
+      if (users.length === 0 && readers.length === 0) {
         await fs.rm(repoDir, { recursive: true, force: true });
-        logger.info(`removed the bare repository ${repoDir}: no work tree follows it`, { operation: "gc" });
+        logger.info(`removed the bare repository ${repoDir}: no work tree or read-only volume follows it`, { operation: "gc" });
         return;
       }
-      const url = users[0]!.source.url;
-      await collectRemote(store, url, policy, deletions, logger);
-      if (policy.strand) await strandKept(store, users, policy.reach(url)?.remote, policy.strand, logger);
-      const stale = await deleteStaleViews(store.repo(url), new Set(users.flatMap(followedViews)), logger);
-      await runGit(store.repo(url), ["worktree", "prune"]);
-      await runGit(store.repo(url), ["gc", "--quiet", `--prune=${PRUNE_AFTER}`]);
-      logger.info(`collected ${repoDir}`, { operation: "gc", staleViews: stale, trees: users.length });
+      const url = users[0]?.source.url;
+      if (url !== undefined) {
+        await collectRemote(store, url, policy, deletions, logger);
+        if (policy.strand) await strandKept(store, users, policy.reach(url)?.remote, policy.strand, logger);
+      }
+      const stale = await deleteStaleViews(store.repoAt(repoDir), new Set([...users.flatMap(followedViews), ...readers]), logger);
+      await runGit(store.repoAt(repoDir), ["worktree", "prune"]);
+      await runGit(store.repoAt(repoDir), ["gc", "--quiet", `--prune=${PRUNE_AFTER}`]);
+      logger.info(`collected ${repoDir}`, { operation: "gc", staleViews: stale, trees: users.length, readers: readers.length });
     });
   }
   await expireDeletions(store, deletions, Date.now(), policy.ownerRefRetentionMs);
+}
+
+/**
+ * The views of the read-only volumes staged here (their checkouts are on the
+ * node; ReleaseReader removes both): kept, so each fetch of the ref stays
+ * incremental and the repository is not cloned again.
+ */
+async function stagedReaderViews(store: Store, repo: SimpleGit): Promise<string[]> {
+  const prefix = readerRef("");
+  const refs = (await runGit(repo, ["for-each-ref", "--format=%(refname)", prefix])).split("\n").filter(Boolean);
+  const staged = await Promise.all(refs.map((ref) => exists(store.readerDir(ref.slice(prefix.length)))));
+  return refs.filter((_, i) => staged[i]);
 }
 
 /**

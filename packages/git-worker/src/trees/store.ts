@@ -41,6 +41,11 @@ export class Store {
     return gitAt(this.repoDir(url), { GIT_DIR: this.repoDir(url), ...remote.env }, remote.config);
   }
 
+  /** git in a bare repository of repos/, by its directory: the collection finds them so, before it knows their URL. */
+  repoAt(repoDir: string): SimpleGit {
+    return gitAt(repoDir, { GIT_DIR: repoDir }, []);
+  }
+
   /** git in the URL's bare repository, each operation on the remote with `access`'s credential. */
   through(url: string, access: RemoteAccess): OnRemote {
     return (operation) => access.run((options) => operation(this.repo(url, options)));
