@@ -104,7 +104,7 @@ async function checkReleased(repo: SimpleGit, url: string, volumeId: string): Pr
   }
   if (!record.released) {
     throw failedPrecondition(
-      `volume ${volumeId} is held by node ${record.node} (mount epoch ${record.epoch}), which may have writes the remote lacks; a snapshot or a clone of a volume a node serves is not built yet: stop its pods so the node unstages it, then try again`,
+      `volume ${volumeId} is held by node ${record.node}, which may have writes the remote lacks; a snapshot or a clone of a volume a node serves is not built yet: stop its pods so the node unstages it, then try again`,
     );
   }
 }
