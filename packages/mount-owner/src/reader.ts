@@ -98,6 +98,8 @@ function scheduleFetch(owner: Owner, volumeId: string, reader: ReaderMount): voi
     reader.next = undefined;
     void owner.perVolume
       .run(volumeId, () => fetchAndSwitch(owner, volumeId, reader))
+      // A switch or a record that failed must not end the process that serves every mount: the last commit stays served.
+      .catch((err: Error) => owner.logger.error(`following failed; the mount keeps serving commit ${reader.commit}: ${err.message}`, { volume: volumeId, operation: "follow" }))
       .finally(() => {
         // A class change during the fetch scheduled the next one already; an unstage ended the reader.
         if (reader.next === undefined && reader.intervalMs !== undefined && owner.readers.get(volumeId) === reader) scheduleFetch(owner, volumeId, reader);
