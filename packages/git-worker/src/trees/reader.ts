@@ -1,20 +1,21 @@
 import { randomBytes } from "node:crypto";
 import * as fs from "node:fs/promises";
 import * as path from "node:path";
-import { type EventType, Reason, type ReasonName } from "@git-csi/config";
+import { type EventType, type ReaderRef, Reason, type ReasonName } from "@git-csi/config";
 import type { ClaimLabels } from "@git-csi/metrics";
-import { type CsiError, type gitcsi, type gitWorker, required, unavailable } from "@git-csi/protos";
+import { type CsiError, failedPrecondition, type gitcsi, type gitWorker, required, unavailable } from "@git-csi/protos";
 import { RemoteAccess } from "../remote/access";
 import { parseCredential } from "../remote/credential";
 import { gitMessage, runGit } from "../remote/git";
 import { revParse } from "../remote/tree";
 import type { GitWorkerDeps } from "../service";
-import { branchOfRef, checkRemoteUrl, exists, missingRef, type Store } from "./store";
+import { checkRemoteUrl, exists, missingRef, readerTargetOf, type Store } from "./store";
 
-/** What the worker knows of a read-only volume on this node: the commit it last checked out, and why its last fetch failed. */
+/** What the worker knows of a read-only volume on this node: its ref, the commit it last checked out, and why its last fetch failed. */
 export interface ReaderState {
   claim?: gitcsi.Claim;
-  branch: string;
+  /** The branch, `refs/tags/<tag>` or the commit id. */
+  ref: string;
   commit: string;
   fetchFailed?: string;
 }
@@ -41,20 +42,21 @@ export async function checkoutReader(deps: GitWorkerDeps, request: gitWorker.Che
   const volumeId = required(request.volumeId, "volume_id");
   const source = required(request.source, "source");
   checkRemoteUrl(required(source.url, "source.url"));
-  const branch = branchOfRef(source.ref);
+  const target = readerTargetOf(source.ref);
+  const ref = shownRef(target);
   const { store } = deps;
   const access = await RemoteAccess.open(parseCredential(request.credential?.data), store.volumeDir(volumeId), store.socketDir(), deps.broker);
   try {
     return await deps.perRepository.run(store.repoDir(source.url), async () => {
       await store.ensureRepo(source.url);
-      const commit = await fetchReader(store, source.url, branch, volumeId, access).catch((err: CsiError) => {
+      const commit = await fetchReader(store, source.url, target, volumeId, access).catch((err: CsiError) => {
         if (request.serving) behind(deps, request, `${err.message}; the volume keeps serving commit ${path.basename(request.serving)} and is behind its ref`);
         throw err;
       });
       const treePath = await checkedOut(store, source.url, volumeId, commit);
       await removeCheckouts(store, volumeId, [treePath, request.serving]);
-      if (request.serving && treePath !== request.serving) tell(deps, request, "Normal", Reason.Updated, `serves commit ${commit} of ${branch}, was ${path.basename(request.serving)}`);
-      served(deps, volumeId, { claim: request.claim, branch, commit });
+      if (request.serving && treePath !== request.serving) tell(deps, request, "Normal", Reason.Updated, `serves commit ${commit} of ${ref}, was ${path.basename(request.serving)}`);
+      served(deps, volumeId, { claim: request.claim, ref, commit });
       return { treePath, commit };
     });
   } finally {
@@ -107,7 +109,7 @@ export function readerReport(volumeId: string, state: ReaderState): gitWorker.Vo
     abnormal: state.fetchFailed ? [state.fetchFailed] : [],
     recentEvents: [],
     servedCommit: state.commit,
-    followsBranch: state.branch,
+    followsBranch: state.ref,
   };
 }
 
@@ -119,15 +121,35 @@ function tell(deps: GitWorkerDeps, request: gitWorker.CheckoutReaderRequest, typ
   for (const pod of pods) deps.events?.record({ kind: "Pod", namespace: pod.namespace, name: pod.name, uid: pod.uid || undefined }, type, reason, message);
 }
 
-/** The ref's commit on the remote now; a ref the remote lacks is the stage's FailedPrecondition. */
-async function fetchReader(store: Store, url: string, branch: string, volumeId: string, access: RemoteAccess): Promise<string> {
+/** A reader's ref as its messages and report name it: the branch, `refs/tags/<tag>` or the commit id. */
+function shownRef(target: ReaderRef): string {
+  if (target.kind === "branch") return target.branch;
+  return target.kind === "tag" ? `refs/tags/${target.tag}` : target.commit;
+}
+
+/** What the fetch asks the remote for: a commit by its id, which protocol v2 allows and v0 servers may refuse. */
+function remoteSide(target: ReaderRef): string {
+  if (target.kind === "branch") return `refs/heads/${target.branch}`;
+  return target.kind === "tag" ? `refs/tags/${target.tag}` : target.commit;
+}
+
+/** The ref's commit on the remote now (a tag peeled); a ref the remote lacks is the stage's FailedPrecondition. */
+async function fetchReader(store: Store, url: string, target: ReaderRef, volumeId: string, access: RemoteAccess): Promise<string> {
+  const ref = shownRef(target);
   await access
-    .run((remote) => runGit(store.repo(url, remote), ["fetch", "--quiet", "--no-tags", "--no-write-fetch-head", "origin", `+refs/heads/${branch}:${readerRef(volumeId)}`]))
+    .run((remote) => runGit(store.repo(url, remote), ["fetch", "--quiet", "--no-tags", "--no-write-fetch-head", "origin", `+${remoteSide(target)}:${readerRef(volumeId)}`]))
     .catch((err: unknown) => {
-      if (/couldn't find remote ref/i.test(gitMessage(err))) throw missingRef(url, branch);
-      throw unavailable(`fetch of ${branch} failed: ${gitMessage(err)} (${url})`);
+      // git says "couldn't find remote ref" for a name, and "not our ref" for a commit id the remote lacks.
+      if (/couldn't find remote ref|not our ref/i.test(gitMessage(err))) throw target.kind === "branch" ? missingRef(url, ref) : missingPin(url, target.kind, ref);
+      throw unavailable(`fetch of ${ref} failed: ${gitMessage(err)} (${url})`);
     });
-  return revParse(store.repo(url), readerRef(volumeId));
+  const commit = await revParse(store.repo(url), readerRef(volumeId));
+  if (commit === "") throw failedPrecondition(`volume_context.ref: ${ref} in ${url} names no commit; a read-only volume serves a commit's tree`);
+  return commit;
+}
+
+function missingPin(url: string, kind: "tag" | "commit", ref: string): Error {
+  return failedPrecondition(`volume_context.ref: the ${kind} ${ref} does not exist in ${url}; push it, or name a ${kind} the remote holds, and stage again`);
 }
 
 /**
