@@ -25,6 +25,12 @@ function createVolume(driver: Driver, name: string, url: string, ref: string, mo
   return call(driver.controller.createVolume.bind(driver.controller), request, 60_000);
 }
 
+/** What a pod sees of an entry: its type, mode bits, owner and group. */
+async function modeOf(file: string): Promise<[string, number, number, number]> {
+  const st = await fs.stat(file);
+  return [st.isDirectory() ? "dir" : "file", st.mode & 0o7777, st.uid, st.gid];
+}
+
 describe("pinned read-only volumes: a tag or a commit is served as it is and never moves", () => {
   const repo = "pins.git";
   let server: GitServer;
@@ -76,6 +82,35 @@ describe("pinned read-only volumes: a tag or a commit is served as it is and nev
         .some((line) => line.includes("follow.interval is ignored") && line.includes('"volume":"annotated"')),
     );
     for (const p of [...published, branch]) await unpublishAndUnstage(node, p);
+  });
+
+  test("a reader of a branch serves the modes, owners and empty directories its writers recorded, from the first moment a commit shows; a tag's reader serves git's modes", async () => {
+    const node = driver!;
+    const treeRepo = "tree.git";
+    await server.createRepo(treeRepo, { files: { "secrets.yaml": "token: one\n" } });
+    const url = server.url(treeRepo);
+    /** A pod of a writer volume writes, then stops: the unstage commits and pushes the branch and refs/git-csi/metadata. */
+    const write = async (script: (dir: string) => string) => {
+      const writer = await stageAndPublish(node, volumeOf("tree-writer", url, "main"), WRITER, "tree-writer");
+      await node.sh(script(writer.targetPath));
+      await unpublishAndUnstage(node, writer);
+    };
+    await write((dir) => `chmod 600 '${dir}/secrets.yaml' && chown 1000:1000 '${dir}/secrets.yaml' && mkdir -m 750 '${dir}/empty' && chown 1000:2000 '${dir}/empty' && echo x > '${dir}/x'`);
+    await server.git(treeRepo, "tag", "written", "main");
+    const reader = await stageAndPublish(node, volumeOf("tree-reader", url, "main"), READER, "tree-reader");
+    const tagged = await stageAndPublish(node, volumeOf("tree-tag", url, "refs/tags/written"), READER, "tree-tag");
+    const secrets = path.join(reader.targetPath, "secrets.yaml");
+    assert.deepEqual(await modeOf(secrets), ["file", 0o600, 1000, 1000]);
+    assert.deepEqual(await modeOf(path.join(reader.targetPath, "empty")), ["dir", 0o750, 1000, 2000]);
+    assert.deepEqual(await modeOf(path.join(tagged.targetPath, "secrets.yaml")), ["file", 0o644, 0, 0]);
+    await assert.rejects(fs.stat(path.join(tagged.targetPath, "empty")), { code: "ENOENT" });
+    // A writer changes content and mode together; the follower's first view of the new content already has the new mode.
+    await setVolumeClass(node, "tree-reader", { "follow.interval": "1s" });
+    await write((dir) => `echo 'token: two' > '${dir}/secrets.yaml' && chmod 640 '${dir}/secrets.yaml'`);
+    // The stat comes after the read: once the new content shows, the lookup finds the new commit's file.
+    const seen = await waitFor("the follower serves the second write", async () => (await fs.readFile(secrets, "utf8")) === "token: two\n" && modeOf(secrets));
+    assert.deepEqual(seen, ["file", 0o640, 1000, 1000]);
+    for (const p of [reader, tagged]) await unpublishAndUnstage(node, p);
   });
 
   test("a tag or commit the remote lacks is FailedPrecondition naming it, and a bare name is a branch, not a tag", async () => {
