@@ -4,7 +4,7 @@ import * as path from "node:path";
 import { after, before, describe, test } from "node:test";
 import { status } from "@grpc/grpc-js";
 import { call, csi } from "@git-csi/protos";
-import { type Driver, mountCapability, refused, report, setVolumeClass, stageAndPublish, startDriver, unpublishAndUnstage, waitFor } from "../src/driver";
+import { type Driver, freePort, mountCapability, refused, report, setVolumeClass, stageAndPublish, startDriver, unpublishAndUnstage, waitFor } from "../src/driver";
 import { type GitServer, startGitDaemon } from "../src/git-server";
 
 const READER = csi.VolumeCapability_AccessMode_Mode.MULTI_NODE_READER_ONLY;
@@ -44,7 +44,7 @@ describe("pinned read-only volumes: a tag or a commit is served as it is and nev
     await server.git(repo, "tag", "-a", "v1", "-m", "v1", "main");
     await server.git(repo, "tag", "light", "main");
     await server.commitFiles(repo, { "v.txt": "second\n" }, { message: "second" });
-    driver = await startDriver({ nodeId: "pins" });
+    driver = await startDriver({ nodeId: "pins", metricsPort: await freePort() });
   });
 
   // Never throws: a hook that fails would leave the driver and its mounts running.
