@@ -92,6 +92,8 @@ describe("pinned read-only volumes: a tag or a commit is served as it is and nev
     /** A pod of a writer volume writes, then stops: the unstage commits and pushes the branch and refs/git-csi/metadata. */
     const write = async (script: (dir: string) => string) => {
       const writer = await stageAndPublish(node, volumeOf("tree-writer", url, "main"), WRITER, "tree-writer");
+      // A class arms the writer; its timers far off, the unstage commits and pushes.
+      await setVolumeClass(node, "tree-writer", { "push.quiesce": "1h", "push.maxLatency": "2h" });
       await node.sh(script(writer.targetPath));
       await unpublishAndUnstage(node, writer);
     };
