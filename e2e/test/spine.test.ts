@@ -225,7 +225,7 @@ describe("the spine: three services, the CSI surface, a real FUSE mount", () => 
         "stage a tag",
         () => stage({ volumeId: "bad", stagingTargetPath: staging, volumeCapability: cap, volumeContext: { url, ref: "refs/tags/v1" } }),
         status.INVALID_ARGUMENT,
-        'volume_context.ref "refs/tags/v1" must name a branch',
+        ['volume_context.ref "refs/tags/v1" names a tag', "a writer volume (ReadWriteOnce, ReadWriteOncePod) pushes to its ref, so it must be a branch"],
       ],
       [
         "stage raw block",

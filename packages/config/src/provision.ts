@@ -1,4 +1,4 @@
-import { BRANCH_RULE, branchOf } from "./ref";
+import { BRANCH_RULE, branchOf, readerRefOf, refProblem } from "./ref";
 
 /**
  * What a StorageClass's `ref` may name, and the external-provisioner's
@@ -51,11 +51,12 @@ export class ProvisionError extends Error {
 /**
  * The branch a StorageClass's parameters ask for, its variables taken from
  * the provisioner's: each name checked by git's rules before anything is
- * made. `parameters` holds the user's and the provisioner's keys.
+ * made. `parameters` holds the user's and the provisioner's keys. A reader
+ * may name a tag or a commit, which CreateVolume never makes.
  */
-export function branchPlanOf(parameters: Record<string, string>): BranchPlan {
+export function branchPlanOf(parameters: Record<string, string>, reader = false): BranchPlan {
   const template = parameters.ref ?? "";
-  const ref = renderRef(template, parameters);
+  const ref = renderRef(template, parameters, reader);
   const baseRef = parameters.baseRef ?? "";
   if (baseRef !== "" && branchOf(baseRef) === undefined) throw new ProvisionError("baseRef", `${JSON.stringify(baseRef)} ${BRANCH_RULE}`);
   const onDelete = (parameters.onDelete ?? "keep") as OnDelete;
@@ -64,7 +65,10 @@ export function branchPlanOf(parameters: Record<string, string>): BranchPlan {
   if (onDelete !== "keep" && !namesClaim(template)) {
     throw new ProvisionError("onDelete", `${onDelete} applies only to a branch per claim: ref must hold ${PER_CLAIM.join(" or ")}`);
   }
-  return { ref, baseRef, onDelete, makesBranch: template.includes("${") || baseRef !== "" };
+  const makesBranch = template.includes("${") || baseRef !== "";
+  const pin = readerRefOf(ref)?.kind;
+  if (makesBranch && pin !== "branch") throw new ProvisionError("ref", `${JSON.stringify(ref)} names a ${pin}, which CreateVolume cannot make: a pinned ref takes no variable and no baseRef`);
+  return { ref, baseRef, onDelete, makesBranch };
 }
 
 /** Whether a ref template gives each claim a branch of its own: only then may a volume archive, delete, restore or clone into it. */
@@ -72,7 +76,7 @@ export function namesClaim(template: string): boolean {
   return PER_CLAIM.some((v) => template.includes(v));
 }
 
-function renderRef(template: string, parameters: Record<string, string>): string {
+function renderRef(template: string, parameters: Record<string, string>, reader: boolean): string {
   const unclosed = template.replace(/\$\{[^}]*\}/g, "").includes("${");
   if (unclosed) throw new ProvisionError("ref", `${JSON.stringify(template)} opens a variable with \${ and never closes it`);
   const ref = template.replace(/\$\{([^}]*)\}/g, (_, name: string) => {
@@ -88,9 +92,10 @@ function renderRef(template: string, parameters: Record<string, string>): string
     if (!value) throw new ProvisionError("ref", `${JSON.stringify(template)} names \${${name}}, which the external-provisioner sends only with --extra-create-metadata (the chart sets it)`);
     return value;
   });
-  if (branchOf(ref) === undefined) {
+  const problem = refProblem(ref, reader);
+  if (problem !== undefined) {
     const renders = ref === template ? "" : ` renders ${JSON.stringify(ref)}, which`;
-    throw new ProvisionError("ref", `${JSON.stringify(template)}${renders} ${BRANCH_RULE}`);
+    throw new ProvisionError("ref", `${JSON.stringify(template)}${renders} ${problem}`);
   }
   return ref;
 }

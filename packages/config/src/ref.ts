@@ -34,3 +34,40 @@ export function branchOf(ref: string): string | undefined {
 
 export const BRANCH_RULE =
   "must name a branch as git check-ref-format --branch accepts it (not HEAD, not starting with '-', without '..', '@{', spaces, control characters or any of ~^:?*[\\, no part starting with '.' or ending in '.lock'), such as main or refs/heads/main";
+
+/** What a read-only volume's `ref` names: a branch it may follow, or a tag or commit that pins it. */
+export type ReaderRef = { kind: "branch"; branch: string } | { kind: "tag"; tag: string } | { kind: "commit"; commit: string };
+
+/** A full commit id; an abbreviation would name different commits as the repository grows. */
+const COMMIT_ID = /^[0-9a-fA-F]{40}$/;
+
+/**
+ * A read-only volume's ref: 40 hex digits are a commit, `refs/tags/<tag>` a
+ * tag, anything else a branch as branchOf takes it. A bare name is always a
+ * branch, so what a volume serves never depends on what the remote holds.
+ */
+export function readerRefOf(ref: string): ReaderRef | undefined {
+  if (COMMIT_ID.test(ref)) return { kind: "commit", commit: ref.toLowerCase() };
+  if (ref.startsWith("refs/tags/")) return isRefName(ref) ? { kind: "tag", tag: ref.slice("refs/tags/".length) } : undefined;
+  const branch = branchOf(ref);
+  return branch === undefined ? undefined : { kind: "branch", branch };
+}
+
+export const READER_REF_RULE =
+  "must name a branch (main or refs/heads/main), a tag as refs/tags/<tag>, or a commit by its full 40-hex id, as git check-ref-format accepts a ref (not HEAD, not starting with '-', without '..', '@{', spaces, control characters or any of ~^:?*[\\, no part starting with '.' or ending in '.lock')";
+
+/** Why a writer cannot take a tag or a commit: it pushes to its ref. */
+const WRITER_PIN_RULE = "a writer volume (ReadWriteOnce, ReadWriteOncePod) pushes to its ref, so it must be a branch; a tag or a commit pin is taken only by a read-only volume (ReadOnlyMany)";
+
+/**
+ * What is wrong with a volume's ref, as the rest of a message after the
+ * quoted ref, or undefined when the volume may take it. A reader takes a
+ * branch, a tag or a commit; a writer only a branch, and a 40-hex name is a
+ * commit for both, never a branch.
+ */
+export function refProblem(ref: string, reader: boolean): string | undefined {
+  const named = readerRefOf(ref);
+  if (reader) return named ? undefined : READER_REF_RULE;
+  if (named === undefined) return BRANCH_RULE;
+  return named.kind === "branch" ? undefined : `names a ${named.kind}; ${WRITER_PIN_RULE}`;
+}

@@ -34,3 +34,13 @@ test("only a ref with a claim's or a volume's name is a branch per claim, which 
   assert.equal(namesClaim("claims/${pvc.metadata.namespace}"), false);
   assert.equal(namesClaim("main"), false);
 });
+
+test("a reader's class may pin a tag or a commit, which CreateVolume never makes; a writer's may not", () => {
+  const commit = "0123456789abcdef0123456789abcdef01234567";
+  assert.deepEqual(branchPlanOf({ ref: "refs/tags/v1", ...CLAIM }, true), { ref: "refs/tags/v1", baseRef: "", onDelete: "keep", makesBranch: false });
+  assert.deepEqual(branchPlanOf({ ref: commit }, true), { ref: commit, baseRef: "", onDelete: "keep", makesBranch: false });
+  assert.throws(() => branchPlanOf({ ref: "refs/tags/v1" }), refusal("ref", '"refs/tags/v1" names a tag; a writer volume'));
+  assert.throws(() => branchPlanOf({ ref: commit }), refusal("ref", "names a commit; a writer volume"));
+  assert.throws(() => branchPlanOf({ ref: "refs/tags/${pvc.metadata.name}", ...CLAIM }, true), refusal("ref", '"refs/tags/ha-config" names a tag, which CreateVolume cannot make'));
+  assert.throws(() => branchPlanOf({ ref: "refs/tags/v1", baseRef: "main" }, true), refusal("ref", "takes no variable and no baseRef"));
+});

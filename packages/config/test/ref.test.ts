@@ -1,7 +1,7 @@
 import assert from "node:assert/strict";
 import { test, type TestContext } from "node:test";
 import fc from "fast-check";
-import { branchOf, isBranchName } from "../src";
+import { BRANCH_RULE, branchOf, isBranchName, READER_REF_RULE, readerRefOf, refProblem } from "../src";
 import { gitOutsideRepository, propertyRuns } from "./git";
 
 /** git itself: whether check-ref-format --branch accepts a name, outside any repository so no @{-1} is expanded. */
@@ -80,4 +80,37 @@ test("a volume's ref is a branch by its name or under refs/heads/, never another
   assert.equal(branchOf("refs/heads/main"), "main");
   assert.equal(branchOf("refs/heads/team/app"), "team/app");
   for (const ref of ["refs/tags/v1", "refs/git-csi/metadata", "refs/heads/--help", "--help", "refs/heads/HEAD", "HEAD", "refs/heads/", "a..b"]) assert.equal(branchOf(ref), undefined, ref);
+});
+
+test("a reader's ref is a branch, a tag under refs/tags/ or a full commit id; a bare name is always a branch", () => {
+  const commit = "0123456789abcdef0123456789abcdef01234567";
+  assert.deepEqual(readerRefOf("main"), { kind: "branch", branch: "main" });
+  assert.deepEqual(readerRefOf("refs/heads/v1"), { kind: "branch", branch: "v1" });
+  assert.deepEqual(readerRefOf("v1"), { kind: "branch", branch: "v1" });
+  assert.deepEqual(readerRefOf("refs/tags/release/v1.2"), { kind: "tag", tag: "release/v1.2" });
+  assert.deepEqual(readerRefOf(commit), { kind: "commit", commit });
+  assert.deepEqual(readerRefOf(commit.toUpperCase()), { kind: "commit", commit });
+  // An abbreviated id is a branch name: only a full id pins.
+  assert.deepEqual(readerRefOf(commit.slice(0, 12)), { kind: "branch", branch: commit.slice(0, 12) });
+  for (const ref of ["refs/tags/", "refs/tags/a..b", "refs/tags/x.lock", "refs/tags/a b", "refs/notes/x", "HEAD", "--help"]) assert.equal(readerRefOf(ref), undefined, ref);
+});
+
+test("tag names agree with git check-ref-format", (t) => {
+  const git = gitOutsideRepository(t);
+  for (const tag of ["v1", "release/v1.2", "-x", "a..b", ".a", "x.lock", "a b", "a~1", "a:b", "@{-1}", "a/", "a//b", "é"]) {
+    const ref = `refs/tags/${tag}`;
+    assert.equal(readerRefOf(ref)?.kind === "tag", git("check-ref-format", ref).status === 0, ref);
+  }
+});
+
+test("a writer's ref must be a branch: a tag or a commit is refused naming the rule; a reader takes all three", () => {
+  const commit = "0123456789abcdef0123456789abcdef01234567";
+  assert.equal(refProblem("main", false), undefined);
+  assert.equal(refProblem("refs/heads/main", true), undefined);
+  assert.match(refProblem("refs/tags/v1", false)!, /^names a tag; a writer volume .* must be a branch; a tag or a commit pin is taken only by a read-only volume \(ReadOnlyMany\)$/);
+  assert.match(refProblem(commit, false)!, /^names a commit; a writer volume/);
+  assert.equal(refProblem("a..b", false), BRANCH_RULE);
+  assert.equal(refProblem("refs/tags/v1", true), undefined);
+  assert.equal(refProblem(commit, true), undefined);
+  assert.equal(refProblem("refs/notes/x", true), READER_REF_RULE);
 });

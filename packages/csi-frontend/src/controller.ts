@@ -2,7 +2,7 @@ import { findPersistentVolume, type KubeConfig } from "@git-csi/k8s";
 import type { Logger } from "@git-csi/logging";
 import { status } from "@grpc/grpc-js";
 import { type BranchPlan, branchPlanOf, namesClaim, ProvisionError, REF_VARIABLES } from "@git-csi/config";
-import { call, CsiError, csi, describeAccessMode, gitcsi, invalidArgument, type mountOwner, required, unary, unavailable } from "@git-csi/protos";
+import { call, CsiError, csi, describeAccessMode, gitcsi, invalidArgument, isReader, type mountOwner, required, unary, unavailable } from "@git-csi/protos";
 import { ACCESS_MODE_KEY, accessModeOf, accessModeOfAll, accessModeOfPersistentVolume, capabilityOf } from "./capabilities";
 import { snapshotMethods } from "./snapshots";
 import { checkClassParameters, credentialFrom, sourceOf, volumeIdOf } from "./validate";
@@ -107,9 +107,9 @@ function createRequestOf(request: csi.CreateVolumeRequest): mountOwner.CreateVol
     throw invalidArgument(`parameters ${unknown.join(", ")}: a StorageClass takes only ${STORAGE_CLASS_PARAMETERS.join(", ")}; commit and push policy belongs in a VolumeAttributesClass`);
   }
   // The external-provisioner names the PersistentVolume as it names CreateVolume: ${pv.metadata.name} needs no --extra-create-metadata.
-  const plan = planOf({ [REF_VARIABLES["pv.metadata.name"]!]: name, ...request.parameters });
+  const plan = planOf({ [REF_VARIABLES["pv.metadata.name"]!]: name, ...request.parameters }, isReader(accessMode));
   const contentSource = contentSourceOf(request.volumeContentSource, request.parameters.ref!);
-  const source = sourceOf({ url: required(userParameters.url, "parameters.url"), ref: plan.ref }, "parameters");
+  const source = sourceOf({ url: required(userParameters.url, "parameters.url"), ref: plan.ref }, "parameters", accessMode);
   const credential = credentialFrom(request.secrets, "secrets");
   checkClassParameters(request.mutableParameters, "mutable_parameters");
   return {
@@ -152,10 +152,10 @@ const STORAGE_CLASS_PARAMETERS = ["url", "ref", "baseRef", "onDelete"];
 const ON_DELETE = { keep: gitcsi.OnDelete.ON_DELETE_KEEP, archive: gitcsi.OnDelete.ON_DELETE_ARCHIVE, delete: gitcsi.OnDelete.ON_DELETE_DELETE };
 
 /** The branch the parameters ask for, its template rendered: a bad one is InvalidArgument naming the field. */
-function planOf(parameters: Record<string, string>): BranchPlan {
+function planOf(parameters: Record<string, string>, reader: boolean): BranchPlan {
   required(parameters.ref, "parameters.ref");
   try {
-    return branchPlanOf(parameters);
+    return branchPlanOf(parameters, reader);
   } catch (err) {
     if (err instanceof ProvisionError) throw invalidArgument(err.message);
     throw err;

@@ -28,7 +28,7 @@ export function nodeService(nodeId: string, owner: mountOwner.MountOwnerClient, 
       const volumeId = volumeIdOf(request.volumeId);
       const stagingPath = absolutePath(request.stagingTargetPath, "staging_target_path");
       const accessMode = accessModeOfMount(request);
-      const source = sourceOf(request.volumeContext, "volume_context");
+      const source = sourceOf(request.volumeContext, "volume_context", accessMode);
       return { volumeId, stagingPath, source, accessMode, ...credentialAndGroup(request) };
     }),
 

@@ -1,6 +1,6 @@
 import * as path from "node:path";
-import { BRANCH_RULE, branchOf, ClassParameterError, credentialOf, parseClassParameters, remoteUrlProblem, SecretError } from "@git-csi/config";
-import { type gitcsi, invalidArgument, required } from "@git-csi/protos";
+import { ClassParameterError, credentialOf, parseClassParameters, refProblem, remoteUrlProblem, SecretError } from "@git-csi/config";
+import { type gitcsi, invalidArgument, isReader, required } from "@git-csi/protos";
 
 /**
  * A volume id is a volumeHandle: it names the side branch `<ref>.<volumeHandle>`
@@ -32,13 +32,14 @@ export function quoted(value: string): string {
   return JSON.stringify(value.length > 200 ? `${value.slice(0, 200)}…` : value);
 }
 
-/** The repository and ref from volume attributes or StorageClass parameters, named as the user wrote them. */
-export function sourceOf(attributes: Record<string, string>, field: string): gitcsi.VolumeSource {
+/** The repository and ref from volume attributes or StorageClass parameters, named as the user wrote them; only a reader may pin a tag or a commit. */
+export function sourceOf(attributes: Record<string, string>, field: string, accessMode: gitcsi.AccessMode): gitcsi.VolumeSource {
   const url = required(attributes.url, `${field}.url`);
   const ref = required(attributes.ref, `${field}.ref`);
   const problem = remoteUrlProblem(url);
   if (problem) throw invalidArgument(`${field}.url ${quoted(url)} ${problem}`);
-  if (branchOf(ref) === undefined) throw invalidArgument(`${field}.ref ${quoted(ref)} ${BRANCH_RULE}`);
+  const refRule = refProblem(ref, isReader(accessMode));
+  if (refRule !== undefined) throw invalidArgument(`${field}.ref ${quoted(ref)} ${refRule}`);
   return { url, ref };
 }
 

@@ -3,23 +3,20 @@ import * as fs from "node:fs/promises";
 import * as path from "node:path";
 import { test, type TestContext } from "node:test";
 import { setTimeout as sleep } from "node:timers/promises";
-import { KeyedSerial } from "@git-csi/config";
+import { METADATA_REF } from "@git-csi/config";
 import { createLogger } from "@git-csi/logging";
-import { DriverMetrics } from "@git-csi/metrics";
 import type { CollectionPolicy } from "../src/trees/collect-remote";
 import { collectGarbage, removeTree } from "../src/trees/gc";
 import { MountLease, type OnRemote, OwnerWatch } from "../src/lease/lease";
-import { CredentialBroker } from "../src/remote/broker";
-import type { GitWorkerDeps } from "../src/service";
-import { checkoutReader, readerRef, releaseReader } from "../src/trees/reader";
+import { checkoutReader, readerMetadataRef, readerRef, releaseReader } from "../src/trees/reader";
 import type { OwnerRecord } from "../src/lease/ownership";
 import { stagingRef } from "../src/remote/remote";
 import { volumeBranchRef } from "../src/trees/stage";
-import { exists, ownerRef, Store, strandedRef, upstreamOwnerRef } from "../src/trees/store";
+import { exists, ownerRef, strandedRef, upstreamOwnerRef } from "../src/trees/store";
 import { rememberStage } from "../src/trees/strand-kept";
 import { revParse } from "../src/remote/tree";
 import { runGit } from "../src/remote/git";
-import { AUTHOR, recordCommit, type ServedRemote, servedRemote, stageAnother, type StagedNode, stagedNode, tempDir } from "./remote";
+import { AUTHOR, recordCommit, type ServedRemote, servedRemote, stageAnother, type StagedNode, stagedNode, tempDir, workerDeps } from "./remote";
 
 /**
  * The collection of the driver's refs against a real forge: a bare
@@ -296,19 +293,9 @@ test("a read-only volume's view of its ref and its repository stay through the c
   const remote = await servedRemote(t);
   const stateDir = await tempDir(t, "reader-node");
   const { logger, lines } = quietLogger();
-  const deps: GitWorkerDeps = {
-    store: new Store(stateDir),
-    syncs: new Map(),
-    readers: new Map(),
-    unstaging: new Set(),
-    broker: new CredentialBroker(path.join(stateDir, "broker.sock")),
-    metrics: new DriverMetrics(),
-    logger,
-    perRepository: new KeyedSerial(),
-    collect: async () => undefined,
-    syncMount: async () => false,
-    invalidateMount: async () => false,
-  };
+  const deps = workerDeps(stateDir, logger);
+  // The forge holds a metadata ref, which a reader of a branch fetches with it.
+  remote.git("update-ref", METADATA_REF, remote.git("rev-parse", "main"));
   const source = { url: remote.url, ref: "main" };
   const { commit } = await checkoutReader(deps, { volumeId: "pvc-reader", source, serving: "", pods: [] });
   const repo = deps.store.repo(remote.url);
@@ -317,9 +304,10 @@ test("a read-only volume's view of its ref and its repository stay through the c
   // No writer's tree follows the repository: only the reader's checkout does.
   await collectOnce();
   assert.equal(await revParse(repo, readerRef("pvc-reader")), commit, "the reader's view stays, so its next fetch is incremental");
+  assert.equal(await revParse(repo, readerMetadataRef("pvc-reader")), commit, "so does its view of the metadata");
   assert.ok(
-    lines.some((l) => l.operation === "gc" && l.readers === 1),
-    "the collection counted the reader",
+    lines.some((l) => l.operation === "gc" && l.readerViews === 2),
+    "the collection counted the reader's views",
   );
 
   await releaseReader(deps, { volumeId: "pvc-reader", source });

@@ -4,17 +4,13 @@ import * as os from "node:os";
 import * as path from "node:path";
 import { test, type TestContext } from "node:test";
 import { setTimeout as sleep } from "node:timers/promises";
-import { KeyedSerial, METADATA_REF } from "@git-csi/config";
+import { METADATA_REF } from "@git-csi/config";
 import { createLogger } from "@git-csi/logging";
-import { DriverMetrics } from "@git-csi/metrics";
 import { gitcsi, gitWorker } from "@git-csi/protos";
-import { CredentialBroker } from "../src/remote/broker";
 import { listingPath, parseListing } from "../src/metadata/format";
 import { claimMount, type Prepared, prepareVolume } from "../src/trees/prepare";
-import type { GitWorkerDeps } from "../src/service";
-import { Store } from "../src/trees/store";
 import type { VolumeSync } from "../src/sync/sync";
-import { type ServedRemote, servedRemote } from "./remote";
+import { type ServedRemote, servedRemote, workerDeps } from "./remote";
 
 /**
  * Two volumes of one repository on two nodes, each a real VolumeSync with
@@ -44,20 +40,8 @@ async function stage(t: TestContext, remote: ServedRemote, id: string, branch: s
   const logs: Record<string, unknown>[] = [];
   for (const transport of logger.transports) transport.silent = true;
   logger.on("data", (info: Record<string, unknown>) => logs.push(info));
-  const deps: GitWorkerDeps = {
-    store: new Store(stateDir),
-    syncs: new Map(),
-    readers: new Map(),
-    unstaging: new Set(),
-    broker: new CredentialBroker(path.join(stateDir, "broker.sock")),
-    metrics: new DriverMetrics(),
-    logger,
-    perRepository: new KeyedSerial(),
-    collect: async () => undefined,
-    // The test writes to the tree itself: no mount serves it.
-    syncMount: async () => false,
-    invalidateMount: async () => false,
-  };
+  // The test writes to the tree itself: no mount serves it.
+  const deps = workerDeps(stateDir, logger);
   const prepared: Prepared = new Map();
   // Timers far off: only flush() commits and pushes.
   const volumeClass = { name: "test", parameters: { "push.quiesce": "1h", "push.maxLatency": "1h" } };

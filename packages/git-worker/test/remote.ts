@@ -5,7 +5,11 @@ import * as os from "node:os";
 import * as path from "node:path";
 import type { TestContext } from "node:test";
 import { RemoteAccess } from "../src/remote/access";
+import { KeyedSerial } from "@git-csi/config";
+import type { Logger } from "@git-csi/logging";
+import { DriverMetrics } from "@git-csi/metrics";
 import { CredentialBroker } from "../src/remote/broker";
+import type { GitWorkerDeps } from "../src/service";
 import { rememberSource } from "../src/trees/gc";
 import { type OnRemote, OwnerWatch } from "../src/lease/lease";
 import { formatRecord, type OwnerRecord } from "../src/lease/ownership";
@@ -132,4 +136,21 @@ export async function stageAnother(store: Store, access: RemoteAccess, url: stri
 export function recordCommit(gitDir: string, record: OwnerRecord): string {
   const git = gitAt(gitDir, os.tmpdir());
   return git("commit-tree", git("hash-object", "-t", "tree", "-w", "/dev/null"), "-m", formatRecord(record));
+}
+
+/** A worker's dependencies on a node's state directory, with nothing but git behind them: no mount serves a tree, no collection is asked for. */
+export function workerDeps(stateDir: string, logger: Logger): GitWorkerDeps {
+  return {
+    store: new Store(stateDir),
+    syncs: new Map(),
+    readers: new Map(),
+    unstaging: new Set(),
+    broker: new CredentialBroker(path.join(stateDir, "broker.sock")),
+    metrics: new DriverMetrics(),
+    logger,
+    perRepository: new KeyedSerial(),
+    collect: async () => undefined,
+    syncMount: async () => false,
+    invalidateMount: async () => false,
+  };
 }

@@ -1,6 +1,6 @@
 import * as fs from "node:fs/promises";
 import * as path from "node:path";
-import { parseClassParameters } from "@git-csi/config";
+import { parseClassParameters, readerRefOf } from "@git-csi/config";
 import { failedPrecondition, type gitcsi, type mountOwner, required } from "@git-csi/protos";
 import type { Owner, StagedMount } from "./context";
 import type { EpochFence } from "./fuse/binding";
@@ -23,6 +23,8 @@ export interface ReaderMount {
   commit: string;
   /** The stage's Secret, in memory only, for the fetches that follow the ref. */
   credential?: gitcsi.Credential;
+  /** A tag or a commit: fetched at stage only, whatever the class says. */
+  pinned: boolean;
   /** The class's follow.interval; unset, the mount serves the commit of its stage. */
   intervalMs?: number;
   /** The next fetch, while none runs. */
@@ -37,7 +39,7 @@ export async function resumeReader(owner: Owner, record: VolumeRecord, paths: St
   // A new server: it caches no entry either.
   mount.switchRoot(treePath);
   // The Secret comes back with the kubelet's next publish; until then a private remote's fetch fails and says so.
-  const reader: ReaderMount = { stagingPath, mount, treePath, commit: path.basename(treePath) };
+  const reader: ReaderMount = { stagingPath, mount, treePath, commit: path.basename(treePath), pinned: isPinned(record.source) };
   owner.readers.set(volumeId, reader);
   follow(owner, volumeId, reader, followInterval(record.volumeClass));
   owner.logger.info("resumed read-only", { volume: volumeId, claim: record.claim?.name, operation: "fuse_resume", head: reader.commit });
@@ -66,7 +68,7 @@ export async function stageReader(owner: Owner, request: mountOwner.StageVolumeR
   await readOnlyOrUnmounted(stagingPath, mount);
   // From the stage on the kernel caches no entry, so a class that makes it follow later finds none.
   mount.switchRoot(checkout.treePath);
-  const reader: ReaderMount = { stagingPath, mount, treePath: checkout.treePath, commit: checkout.commit, credential };
+  const reader: ReaderMount = { stagingPath, mount, treePath: checkout.treePath, commit: checkout.commit, credential, pinned: isPinned(planned.source) };
   owner.readers.set(volumeId, reader);
   await owner.state.recordStaged({ ...planned, treePath: checkout.treePath });
   follow(owner, volumeId, reader, intervalMs);
@@ -85,12 +87,19 @@ export function setReaderClass(owner: Owner, volumeId: string, volumeClass: gitc
   if (reader) follow(owner, volumeId, reader, followInterval(volumeClass));
 }
 
-/** One fetch every interval, never two at once; none without an interval. */
+/** A tag or a commit never moves, so a reader of one never fetches after its stage. */
+function isPinned(source: gitcsi.VolumeSource | undefined): boolean {
+  return readerRefOf(source?.ref ?? "")?.kind !== "branch";
+}
+
+/** One fetch every interval, never two at once; none without an interval, and none for a pin. */
 function follow(owner: Owner, volumeId: string, reader: ReaderMount, intervalMs: number | undefined): void {
   clearTimeout(reader.next);
   reader.next = undefined;
-  reader.intervalMs = intervalMs;
-  if (intervalMs !== undefined) scheduleFetch(owner, volumeId, reader);
+  // One class may serve branches and pins: its interval is not a pin's mistake, and the log says it does nothing.
+  if (reader.pinned && intervalMs !== undefined) owner.logger.info("follow.interval is ignored: the volume's ref is a tag or a commit, which never moves", { volume: volumeId, operation: "follow" });
+  reader.intervalMs = reader.pinned ? undefined : intervalMs;
+  if (reader.intervalMs !== undefined) scheduleFetch(owner, volumeId, reader);
 }
 
 function scheduleFetch(owner: Owner, volumeId: string, reader: ReaderMount): void {

@@ -1,6 +1,6 @@
 import { randomUUID } from "node:crypto";
-import { KeyedSerial } from "@git-csi/config";
-import { isReader, type mountOwner, required, unary } from "@git-csi/protos";
+import { KeyedSerial, refProblem } from "@git-csi/config";
+import { invalidArgument, isReader, type mountOwner, required, unary } from "@git-csi/protos";
 import { applyWatched, removeVolumesDeletedWhileDown } from "./class-watch";
 import type { MountOwnerDeps, Owner, StagedMount, WatchedVolume } from "./context";
 import { createVolume, deleteVolume, modifyVolume, setVolumeClass } from "./controller";
@@ -103,7 +103,10 @@ function mountOwnerService(owner: Owner): mountOwner.MountOwnerServer {
       await setVolumeClass(owner, volumeId, request.class, request.claim);
       return {};
     }),
-    stageVolume: serialized("stage", (request: mountOwner.StageVolumeRequest, volumeId) => (isReader(request.accessMode) ? stageReader : stage)(owner, request, volumeId)),
+    stageVolume: serialized("stage", (request: mountOwner.StageVolumeRequest, volumeId) => {
+      checkStageRef(request);
+      return (isReader(request.accessMode) ? stageReader : stage)(owner, request, volumeId);
+    }),
     unstageVolume: serialized("unstage", async (request: mountOwner.UnstageVolumeRequest, volumeId) => {
       const record = await state.volume(volumeId);
       return (record && isReader(record.accessMode) ? unstageReader : unstage)(owner, request, volumeId);
@@ -114,4 +117,11 @@ function mountOwnerService(owner: Owner): mountOwner.MountOwnerServer {
     invalidateMount: unary("invalidate_mount", logger, async (request: mountOwner.InvalidateMountRequest) => ({ mounted: invalidateMount(owner, required(request.volumeId, "volume_id")) })),
     getVolumeStats: unary("volume_stats", logger, (request: mountOwner.GetVolumeStatsRequest) => volumeStats(owner, request, required(request.volumeId, "volume_id"))),
   };
+}
+
+/** Checked again before anything changes, as the frontend checked it: only a reader pins a tag or a commit. */
+function checkStageRef(request: mountOwner.StageVolumeRequest): void {
+  const ref = request.source?.ref ?? "";
+  const problem = refProblem(ref, isReader(request.accessMode));
+  if (problem !== undefined) throw invalidArgument(`volume_context.ref ${JSON.stringify(ref)} ${problem}`);
 }

@@ -10,7 +10,7 @@ import { branchOfRef, exists, type Store, UPSTREAM_METADATA, upstreamOwnerRef, u
 import { revParse } from "../remote/tree";
 import { type KeptTree, strandKept, unpushedOf } from "./strand-kept";
 import { runGit } from "../remote/git";
-import { readerRef } from "./reader";
+import { readerMetadataRef, readerRef } from "./reader";
 
 /** What the worker remembers of a volume whose tree it keeps: the source it follows. */
 export async function rememberSource(store: Store, volumeId: string, source: gitcsi.VolumeSource): Promise<void> {
@@ -115,22 +115,26 @@ export async function collectGarbage(store: Store, logger: Logger, onRepository:
       const stale = await deleteStaleViews(store.repoAt(repoDir), new Set([...users.flatMap(followedViews), ...readers]), logger);
       await runGit(store.repoAt(repoDir), ["worktree", "prune"]);
       await runGit(store.repoAt(repoDir), ["gc", "--quiet", `--prune=${PRUNE_AFTER}`]);
-      logger.info(`collected ${repoDir}`, { operation: "gc", staleViews: stale, trees: users.length, readers: readers.length });
+      logger.info(`collected ${repoDir}`, { operation: "gc", staleViews: stale, trees: users.length, readerViews: readers.length });
     });
   }
   await expireDeletions(store, deletions, Date.now(), policy.ownerRefRetentionMs);
 }
 
 /**
- * The views of the read-only volumes staged here (their checkouts are on the
- * node; ReleaseReader removes both): kept, so each fetch of the ref stays
- * incremental and the repository is not cloned again.
+ * The views of the read-only volumes staged here, of their ref and of the
+ * metadata (their checkouts are on the node; ReleaseReader removes all):
+ * kept, so each fetch stays incremental and the repository is not cloned
+ * again.
  */
 async function stagedReaderViews(store: Store, repo: SimpleGit): Promise<string[]> {
-  const prefix = readerRef("");
-  const refs = (await runGit(repo, ["for-each-ref", "--format=%(refname)", prefix])).split("\n").filter(Boolean);
-  const staged = await Promise.all(refs.map((ref) => exists(store.readerDir(ref.slice(prefix.length)))));
-  return refs.filter((_, i) => staged[i]);
+  const views: string[] = [];
+  for (const prefix of [readerRef(""), readerMetadataRef("")]) {
+    const refs = (await runGit(repo, ["for-each-ref", "--format=%(refname)", prefix])).split("\n").filter(Boolean);
+    const staged = await Promise.all(refs.map((ref) => exists(store.readerDir(ref.slice(prefix.length)))));
+    views.push(...refs.filter((_, i) => staged[i]));
+  }
+  return views;
 }
 
 /**

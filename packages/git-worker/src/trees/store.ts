@@ -2,7 +2,7 @@ import { createHash } from "node:crypto";
 import * as fs from "node:fs/promises";
 import * as path from "node:path";
 import type { SimpleGit } from "simple-git";
-import { BRANCH_RULE, branchOf, remoteUrlProblem } from "@git-csi/config";
+import { branchOf, READER_REF_RULE, type ReaderRef, readerRefOf, refProblem, remoteUrlProblem } from "@git-csi/config";
 import { failedPrecondition, invalidArgument } from "@git-csi/protos";
 import type { RemoteAccess, RemoteOptions } from "../remote/access";
 import type { OnRemote } from "../lease/lease";
@@ -110,11 +110,18 @@ export class Store {
   }
 }
 
-/** The branch a volume follows; the frontend refused any other ref before it got here. */
+/** The branch a writer follows; the frontend refused any other ref before it got here. */
 export function branchOfRef(ref: string): string {
-  const branch = branchOf(ref);
-  if (branch === undefined) throw invalidArgument(`volume_context.ref ${JSON.stringify(ref)} ${BRANCH_RULE}`);
-  return branch;
+  const problem = refProblem(ref, false);
+  if (problem !== undefined) throw invalidArgument(`volume_context.ref ${JSON.stringify(ref)} ${problem}`);
+  return branchOf(ref)!;
+}
+
+/** What a reader serves: a branch, a tag or a commit; the frontend refused any other ref before it got here. */
+export function readerTargetOf(ref: string): ReaderRef {
+  const target = readerRefOf(ref);
+  if (target === undefined) throw invalidArgument(`volume_context.ref ${JSON.stringify(ref)} ${READER_REF_RULE}`);
+  return target;
 }
 
 /** The volume's remote; the frontend refused any other URL before it got here. */
