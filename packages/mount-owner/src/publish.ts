@@ -18,7 +18,7 @@ export async function publish(owner: Owner, request: mountOwner.PublishVolumeReq
   const targetPath = required(request.targetPath, "target_path");
   const recorded = await owner.state.volume(volumeId);
   if (recorded && isReader(recorded.accessMode)) return publishReader(owner, recorded, request);
-  const { record, live } = await servingStage(owner, request, volumeId);
+  const { record, live } = await servingStage(owner, request, volumeId, recorded);
   checkMode(record, request.accessMode);
   checkGroup(record, request.volumeMountGroup);
   const others = record.targets.filter((t) => t !== targetPath);
@@ -46,9 +46,8 @@ export async function publish(owner: Owner, request: mountOwner.PublishVolumeReq
  * whose epoch was lost, or that a restarted mount owner did not resume, is
  * staged again in place when no pod uses it; otherwise the publish is refused.
  */
-async function servingStage(owner: Owner, request: mountOwner.PublishVolumeRequest, volumeId: string): Promise<{ record: VolumeRecord; live: LiveSession }> {
+async function servingStage(owner: Owner, request: mountOwner.PublishVolumeRequest, volumeId: string, record: VolumeRecord | undefined): Promise<{ record: VolumeRecord; live: LiveSession }> {
   const { stagingPath, targetPath } = request;
-  const record = await owner.state.volume(volumeId);
   const live = owner.sessions.get(volumeId);
   if (record && live && live.stagingPath === stagingPath && !live.lost) return { record, live };
   const sameStage = record && (record.stagingPath === stagingPath || record.stagingPath === undefined);
