@@ -8,10 +8,17 @@ import { deleteVolume, setVolumeClass } from "./controller";
 export async function applyWatched(owner: Owner, volumeId: string, watched: WatchedVolume): Promise<void> {
   await owner.perVolume.run(volumeId, async () => {
     if (watched.deleted) return forgetDeleted(owner, volumeId, watched);
-    await applyClass(owner, volumeId, watched);
+    if (onlyFlushRequestChanged(owner.watched.get(volumeId), watched)) owner.watched.set(volumeId, watched);
+    else await applyClass(owner, volumeId, watched);
     await owner.state.recordReclaimPolicy(volumeId, watched.reclaimPolicy);
     await flushIfAsked(owner, volumeId, watched.flushRequest);
   });
+}
+
+/** The class is applied already: applying it again would post Armed again and restart the volume's quiet time. */
+function onlyFlushRequestChanged(previous: WatchedVolume | undefined, watched: WatchedVolume): boolean {
+  const rest = (w: WatchedVolume) => JSON.stringify({ ...w, flushRequest: undefined });
+  return previous !== undefined && rest(previous) === rest(watched);
 }
 
 /**
