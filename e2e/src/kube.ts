@@ -335,6 +335,37 @@ async function tail(file: string, lines = 30): Promise<string> {
 }
 
 /**
+ * A PersistentVolume of the driver (reclaim policy Retain) and its claim
+ * home/config, bound to each other as a pre-bound volume is: no
+ * controller-manager runs to bind them. `volumeClass`: the claim's
+ * VolumeAttributesClass, if any.
+ */
+export function boundConfigClaim(pv: string, volumeAttributes: Record<string, string>, volumeClass?: string): object[] {
+  const volumeAttributesClassName = volumeClass ? { volumeAttributesClassName: volumeClass } : {};
+  return [
+    {
+      apiVersion: "v1",
+      kind: "PersistentVolume",
+      metadata: { name: pv },
+      spec: {
+        capacity: { storage: "1Gi" },
+        accessModes: ["ReadWriteOncePod"],
+        persistentVolumeReclaimPolicy: "Retain",
+        storageClassName: "",
+        claimRef: { namespace: "home", name: "config" },
+        csi: { driver: "git.liken.sh", volumeHandle: pv, volumeAttributes },
+      },
+    },
+    {
+      apiVersion: "v1",
+      kind: "PersistentVolumeClaim",
+      metadata: { name: "config", namespace: "home" },
+      spec: { volumeName: pv, accessModes: ["ReadWriteOncePod"], resources: { requests: { storage: "1Gi" } }, storageClassName: "", ...volumeAttributesClassName },
+    },
+  ];
+}
+
+/**
  * A test's own API server, which stops, its directory gone, after the test.
  * Binaries that are not built fail the test with startKube's reason: a
  * skipped test has not run.

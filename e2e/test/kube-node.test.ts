@@ -9,7 +9,7 @@ import { call } from "@git-csi/protos";
 import { type Driver, freePort, metricsText, metricValue, report, sh, SINGLE_NODE_SINGLE_WRITER, stageAndPublish, startDriver, unpublishAndUnstage, waitFor } from "../src/driver";
 import { LFS_ATTRIBUTES, LFS_POINTER } from "../src/fixtures";
 import { startGitDaemon } from "../src/git-server";
-import { kubeForTest } from "../src/kube";
+import { boundConfigClaim, kubeForTest } from "../src/kube";
 
 const EAGER = { "push.quiesce": "1s", "push.maxLatency": "1m", "commit.author": "Home Assistant <homeassistant@home.example>" };
 const LAZY = { "push.quiesce": "10m", "push.maxLatency": "1h" };
@@ -53,25 +53,7 @@ test("the node services against a real API server: a claim's class arms the volu
     vac("config-eager", EAGER),
     vac("config-lazy", LAZY),
     vac("config-broken", BAD),
-    {
-      apiVersion: "v1",
-      kind: "PersistentVolume",
-      metadata: { name: "homeassistant-config" },
-      spec: {
-        capacity: { storage: "1Gi" },
-        accessModes: ["ReadWriteOncePod"],
-        persistentVolumeReclaimPolicy: "Retain",
-        storageClassName: "",
-        claimRef: { namespace: "home", name: "config" },
-        csi: { driver: "git.liken.sh", volumeHandle: "homeassistant-config", volumeAttributes: { url, ref: "main" } },
-      },
-    },
-    {
-      apiVersion: "v1",
-      kind: "PersistentVolumeClaim",
-      metadata: { name: "config", namespace: "home" },
-      spec: { volumeName: "homeassistant-config", accessModes: ["ReadWriteOncePod"], resources: { requests: { storage: "1Gi" } }, storageClassName: "" },
-    },
+    ...boundConfigClaim("homeassistant-config", { url, ref: "main" }),
     { apiVersion: "v1", kind: "Pod", metadata: { name: "homeassistant", namespace: "home" }, spec: { containers: [{ name: "app", image: "homeassistant/home-assistant" }] } },
   );
   // No controller-manager binds them: the test marks both Bound, as the binder would; only a bound claim takes a class change.

@@ -162,7 +162,7 @@ describe("snapshots, restores and clones", { timeout: 10 * T }, () => {
     const published = await stageAndPublish(driver, source, undefined, "holder");
     try {
       const before = await unowned();
-      await refused(snapshot("snap-held", "pv-src"), status.FAILED_PRECONDITION, ["volume pv-src is held by node", "not built yet"]);
+      await refused(snapshot("snap-held", "pv-src"), status.FAILED_PRECONDITION, ["volume pv-src is held by node", "without a Kubernetes API server"]);
       await refused(create("pv-clone-held", claimParameters("clone-held"), { volume: { volumeId: "pv-src" } }), status.FAILED_PRECONDITION, "volume pv-src is held by node");
       assert.deepEqual(await unowned(), before);
       assert.deepEqual((await list({ snapshotId: "snap-held" })).entries, [], "a refused snapshot is not recorded");

@@ -4,7 +4,7 @@ import { status } from "@grpc/grpc-js";
 import { type BranchPlan, branchPlanOf, namesClaim, ProvisionError, REF_VARIABLES } from "@git-csi/config";
 import { call, CsiError, csi, describeAccessMode, gitcsi, invalidArgument, isReader, type mountOwner, required, unary, unavailable } from "@git-csi/protos";
 import { ACCESS_MODE_KEY, accessModeOf, accessModeOfAll, accessModeOfPersistentVolume, capabilityOf } from "./capabilities";
-import { snapshotMethods } from "./snapshots";
+import { askFlush, servedFlush, snapshotMethods } from "./snapshots";
 import { checkClassParameters, credentialFrom, sourceOf, volumeIdOf } from "./validate";
 
 const TIMEOUT_MS = 30_000;
@@ -51,7 +51,13 @@ export function controllerService(owner: mountOwner.MountOwnerClient, logger: Lo
 
     createVolume: unary("create_volume", logger, async (request: csi.CreateVolumeRequest) => {
       const wanted = createRequestOf(request);
-      const { volume } = await call(owner.createVolume.bind(owner), wanted, TIMEOUT_MS);
+      const { volume, heldBy } = await call(owner.createVolume.bind(owner), wanted, TIMEOUT_MS);
+      const cloned = wanted.contentSource?.volumeId ?? "";
+      if (heldBy !== "") {
+        await askFlush(kubeConfig, cloned, wanted.name, heldBy);
+        throw unavailable(`volume_content_source.volume ${cloned}: the clone waits until node ${heldBy}, which serves the volume, has pushed its writes; the provisioner retries`);
+      }
+      if (cloned !== "") await servedFlush(kubeConfig, cloned, wanted.name, logger, { volume: wanted.name, operation: "create_volume" });
       return {
         volume: {
           volumeId: volume!.volumeId,
@@ -84,7 +90,7 @@ export function controllerService(owner: mountOwner.MountOwnerClient, logger: Lo
       };
     }),
 
-    ...snapshotMethods(owner, logger),
+    ...snapshotMethods(owner, logger, kubeConfig),
 
     controllerModifyVolume: unary("controller_modify_volume", logger, async (request: csi.ControllerModifyVolumeRequest) => {
       const volumeId = volumeIdOf(request.volumeId);

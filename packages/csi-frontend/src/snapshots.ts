@@ -1,6 +1,7 @@
+import { clearFlushRequest, type KubeConfig, requestFlush } from "@git-csi/k8s";
 import type { Logger } from "@git-csi/logging";
 import { status } from "@grpc/grpc-js";
-import { call, CsiError, csi, invalidArgument, type mountOwner, unary } from "@git-csi/protos";
+import { call, CsiError, csi, failedPrecondition, invalidArgument, type mountOwner, unary, unavailable } from "@git-csi/protos";
 import { credentialFrom, volumeIdOf } from "./validate";
 
 const TIMEOUT_MS = 5 * 60_000;
@@ -10,9 +11,11 @@ const SNAPSHOTTER_PREFIX = "csi.storage.k8s.io/";
 /**
  * The Controller service's snapshot RPCs. A snapshot is a ref on its volume's
  * remote, refs/git-csi/snapshots/<snapshot id>; its id is the
- * CO's name, so a retry finds it.
+ * CO's name, so a retry finds it. A snapshot of a volume a node serves is
+ * not ready until that node flushed for it: the controller asks it through
+ * the API server (kubeConfig), and the csi-snapshotter asks again.
  */
-export function snapshotMethods(owner: mountOwner.MountOwnerClient, logger: Logger): Pick<csi.ControllerServer, "createSnapshot" | "deleteSnapshot" | "listSnapshots"> {
+export function snapshotMethods(owner: mountOwner.MountOwnerClient, logger: Logger, kubeConfig?: KubeConfig): Pick<csi.ControllerServer, "createSnapshot" | "deleteSnapshot" | "listSnapshots"> {
   return {
     createSnapshot: unary("create_snapshot", logger, async (request: csi.CreateSnapshotRequest) => {
       // The name becomes a ref component and a file name of the controller's records: the rules of a volume id hold.
@@ -21,7 +24,14 @@ export function snapshotMethods(owner: mountOwner.MountOwnerClient, logger: Logg
       const unknown = Object.keys(request.parameters).filter((k) => !k.startsWith(SNAPSHOTTER_PREFIX));
       if (unknown.length > 0) throw invalidArgument(`parameters ${unknown.join(", ")}: a VolumeSnapshotClass takes no parameters; a snapshot is always refs/git-csi/snapshots/<id>`);
       const credential = credentialFrom(request.secrets, "secrets");
-      const { snapshot } = await call(owner.createSnapshot.bind(owner), { name, sourceVolumeId, credential }, TIMEOUT_MS);
+      const { snapshot, heldBy } = await call(owner.createSnapshot.bind(owner), { name, sourceVolumeId, credential }, TIMEOUT_MS);
+      const log = { volume: sourceVolumeId, snapshot: name, operation: "create_snapshot" };
+      if (heldBy !== "") {
+        await askFlush(kubeConfig, sourceVolumeId, name, heldBy);
+        logger.info(`not ready: waiting for node ${heldBy}, which serves the volume, to flush its writes`, log);
+        return { snapshot: { snapshotId: name, sourceVolumeId, sizeBytes: 0, creationTime: new Date(), readyToUse: false, groupSnapshotId: "" } };
+      }
+      await servedFlush(kubeConfig, sourceVolumeId, name, logger, log);
       return { snapshot: csiSnapshotOf(snapshot!) };
     }),
 
@@ -39,7 +49,30 @@ export function snapshotMethods(owner: mountOwner.MountOwnerClient, logger: Logg
   };
 }
 
-/** A recorded snapshot as CSI has it: ready at once, since it is made only from what the remote holds. */
+/**
+ * Asks the node that serves the volume to flush for the request (a
+ * snapshot's id, a clone's volume id): its PersistentVolume's annotation
+ * names the request. Without an API server, or without a PersistentVolume,
+ * no node can be asked: FailedPrecondition says so.
+ */
+export async function askFlush(kubeConfig: KubeConfig | undefined, volumeId: string, request: string, heldBy: string): Promise<void> {
+  const held = `volume ${volumeId} is held by node ${heldBy}, which may have writes the remote lacks`;
+  if (!kubeConfig) {
+    throw failedPrecondition(`${held}; without a Kubernetes API server the controller cannot ask that node to push them first: stop its pods so the node unstages it, then try again`);
+  }
+  const pv = await requestFlush(kubeConfig, volumeId, request).catch((err: Error) => {
+    throw unavailable(`${held}; the API server did not take the request for its flush: ${err.message}`);
+  });
+  if (!pv) throw failedPrecondition(`${held}; no PersistentVolume names it, and the node learns of a flush through its PersistentVolume: stop its pods so the node unstages it, then try again`);
+}
+
+/** The request is served: its annotation goes. One the API server keeps only costs the node a flush at its next stage. */
+export async function servedFlush(kubeConfig: KubeConfig | undefined, volumeId: string, request: string, logger: Logger, log: Record<string, string>): Promise<void> {
+  if (!kubeConfig) return;
+  await clearFlushRequest(kubeConfig, volumeId, request).catch((err: Error) => logger.warn(`the PersistentVolume keeps its flush request: ${err.message}`, log));
+}
+
+/** A recorded snapshot as CSI has it: ready, since it is made only from what the remote holds. */
 function csiSnapshotOf(snapshot: mountOwner.Snapshot): csi.Snapshot {
   return {
     snapshotId: snapshot.snapshotId,

@@ -84,6 +84,8 @@ export function gitWorkerService(deps: GitWorkerDeps): gitWorker.GitWorkerServer
       return syncOf(required(request.volumeId, "volume_id")).flush();
     }),
 
+    markFlushed: unary("mark_flushed", logger, async (request: gitWorker.MarkFlushedRequest) => syncOf(required(request.volumeId, "volume_id")).markFlushed(required(request.requestId, "request_id"))),
+
     renewMounts: unary("renew_mount", logger, (request: gitWorker.RenewMountsRequest) => renewMounts(request, (volumeId, epoch) => memberOf(syncs, volumeId, epoch))),
 
     releaseMount: unary("release_mount", logger, async (request: gitWorker.ReleaseMountRequest) => {

@@ -2,6 +2,7 @@ import { DRIVER_NAME } from "@git-csi/config";
 import type { Logger } from "@git-csi/logging";
 import type { KubeConfig, V1PersistentVolume, V1PersistentVolumeClaim, V1VolumeAttributesClass } from "@kubernetes/client-node" with { "resolution-mode": "import" };
 import { clientNode } from "./client";
+import { SNAPSHOT_REQUEST_ANNOTATION } from "./volumes";
 import { DEFAULT_BACKOFF, Watched, type Backoff } from "./watched";
 
 /** The claim bound to a volume; uid included because `kubectl describe` finds a claim's events by it. */
@@ -24,6 +25,8 @@ export interface VolumeState {
   /** The PersistentVolume's persistentVolumeReclaimPolicy: on deletion, Delete removes the node's tree. */
   reclaimPolicy: string;
   deleted: boolean;
+  /** The PersistentVolume's git.liken.sh/snapshot-request, when set: the snapshot or clone the node serving the volume flushes for. */
+  flushRequest?: string;
 }
 
 export type OnVolume = (volumeHandle: string, state: VolumeState) => void;
@@ -109,6 +112,11 @@ export class ClassWatch {
   }
 
   private stateOf(volume: V1PersistentVolume): VolumeState {
+    const flushRequest = volume.metadata?.annotations?.[SNAPSHOT_REQUEST_ANNOTATION];
+    return flushRequest ? { ...this.classStateOf(volume), flushRequest } : this.classStateOf(volume);
+  }
+
+  private classStateOf(volume: V1PersistentVolume): VolumeState {
     const reclaimPolicy = volume.spec?.persistentVolumeReclaimPolicy ?? "Retain";
     const ref = volume.spec?.claimRef;
     const claim = ref?.name && ref.namespace ? this.claims!.get(ref.name, ref.namespace) : undefined;
@@ -144,7 +152,7 @@ export class ClassWatch {
 function stateKey(state: VolumeState): string {
   const { claim, volumeClass } = state;
   const parameters = volumeClass ? Object.entries(volumeClass.parameters).sort(([a], [b]) => (a < b ? -1 : a > b ? 1 : 0)) : undefined;
-  return JSON.stringify([claim?.namespace, claim?.name, claim?.uid, volumeClass?.name, parameters, state.reclaimPolicy]);
+  return JSON.stringify([claim?.namespace, claim?.name, claim?.uid, volumeClass?.name, parameters, state.reclaimPolicy, state.flushRequest]);
 }
 
 // A listed object carries a Date, a watched one the API's string: new Date() reads both.

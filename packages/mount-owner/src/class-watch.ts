@@ -8,9 +8,38 @@ import { deleteVolume, setVolumeClass } from "./controller";
 export async function applyWatched(owner: Owner, volumeId: string, watched: WatchedVolume): Promise<void> {
   await owner.perVolume.run(volumeId, async () => {
     if (watched.deleted) return forgetDeleted(owner, volumeId, watched);
-    await applyClass(owner, volumeId, watched);
+    if (onlyFlushRequestChanged(owner.watched.get(volumeId), watched)) owner.watched.set(volumeId, watched);
+    else await applyClass(owner, volumeId, watched);
     await owner.state.recordReclaimPolicy(volumeId, watched.reclaimPolicy);
+    await flushIfAsked(owner, volumeId, watched.flushRequest);
   });
+}
+
+/** The class is applied already: applying it again would post Armed again and restart the volume's quiet time. */
+function onlyFlushRequestChanged(previous: WatchedVolume | undefined, watched: WatchedVolume): boolean {
+  const rest = (w: WatchedVolume) => JSON.stringify({ ...w, flushRequest: undefined });
+  return previous !== undefined && rest(previous) === rest(watched);
+}
+
+/**
+ * A snapshot or a clone asked for the volume this node serves: flush and
+ * push the flushed marker the controller makes it from. A node that does not
+ * serve the volume leaves it to the one that does, or to the controller once
+ * the volume is released. A flush that did not push is tried again when the
+ * request changes or the volume is staged again.
+ */
+export async function flushIfAsked(owner: Owner, volumeId: string, request: string | undefined): Promise<void> {
+  if (!request || !owner.sessions.has(volumeId)) return;
+  const record = await owner.state.volume(volumeId);
+  if (record?.flushedRequest === request) return;
+  const log = { volume: volumeId, claim: record?.claim?.name, snapshot: request, operation: "mark_flushed" };
+  const result = await owner.link.markFlushed(volumeId, request).catch((err: Error) => ({ pushed: false, message: err.message }));
+  if (!result.pushed) {
+    owner.logger.warn(`a snapshot or a clone waits: the flush did not push (${result.message})`, log);
+    return;
+  }
+  await owner.state.recordFlushed(volumeId, request);
+  owner.logger.info("flushed for a snapshot or a clone", log);
 }
 
 async function forgetDeleted(owner: Owner, volumeId: string, watched: WatchedVolume): Promise<void> {

@@ -49,6 +49,8 @@ export interface WatchedVolume {
   /** The PersistentVolume is gone; with reclaim policy Delete its tree goes too. */
   deleted: boolean;
   reclaimPolicy: string;
+  /** The PersistentVolume's git.liken.sh/snapshot-request: a snapshot's or a clone's id the node serving the volume flushes for. */
+  flushRequest?: string;
 }
 
 /** What every part of the mount owner shares: its records, its live mount sessions, its link to the git worker. */

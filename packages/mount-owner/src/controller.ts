@@ -6,7 +6,8 @@ import { branchStartOf } from "./snapshots";
 /**
  * CreateVolume: the volume's branch on the remote, then the controller's
  * record. The same request again answers the same volume; another one under
- * the name is refused before the remote is touched.
+ * the name is refused before the remote is touched. A clone of a volume a
+ * node holds and has not flushed for makes nothing: held_by names the node.
  */
 export async function createVolume(owner: Owner, request: mountOwner.CreateVolumeRequest): Promise<mountOwner.CreateVolumeResponse> {
   const name = required(request.name, "name");
@@ -24,12 +25,13 @@ export async function createVolume(owner: Owner, request: mountOwner.CreateVolum
   return owner.perVolume.run(name, async () => {
     // A retry of a volume made already answers without the remote: the branch was made before the record.
     const existing = await owner.state.checkCreatable(wanted);
-    if (existing) return { volume: existing };
+    if (existing) return { volume: existing, heldBy: "" };
     const start = request.contentSource && (await branchStartOf(owner, wanted, request.contentSource));
     const branch = request.makeBranch || start ? await owner.link.provisionBranch(wanted, request.credential, start) : undefined;
+    if (branch?.heldBy) return { volume: undefined, heldBy: branch.heldBy };
     const { volume } = await owner.state.createVolume(wanted);
     owner.logger.info(`volume created on ${branch?.created ? "a new" : "the"} branch ${wanted.source!.ref}`, { volume: name, operation: "create_volume" });
-    return { volume };
+    return { volume, heldBy: "" };
   });
 }
 

@@ -5,20 +5,23 @@ import type { Owner } from "./context";
 /**
  * CreateSnapshot: the snapshot's ref on the volume's remote, then the
  * controller's record. The same name again answers the recorded snapshot;
- * the name of another volume's snapshot is AlreadyExists.
+ * the name of another volume's snapshot is AlreadyExists. While a node
+ * holds the volume and has not flushed for the snapshot, nothing is made or
+ * recorded, and held_by names the node.
  */
 export async function createSnapshot(owner: Owner, request: mountOwner.CreateSnapshotRequest): Promise<mountOwner.CreateSnapshotResponse> {
   const name = required(request.name, "name");
   const sourceVolumeId = required(request.sourceVolumeId, "source_volume_id");
   return owner.perVolume.run(snapshotKey(name), async () => {
     const recorded = await owner.state.snapshot(name);
-    if (recorded) return { snapshot: sameSource(recorded, sourceVolumeId) };
+    if (recorded) return { snapshot: sameSource(recorded, sourceVolumeId), heldBy: "" };
     const volume = await knownOr(owner, sourceVolumeId, () => invalidArgument(`source_volume_id ${sourceVolumeId}: the controller knows no such volume; a snapshot is of a volume it created`));
-    const made = await owner.link.makeSnapshot(name, volume, request.credential);
+    const { heldBy, ...made } = await owner.link.makeSnapshot(name, volume, request.credential);
+    if (heldBy !== "") return { snapshot: undefined, heldBy };
     const snapshot: mountOwner.Snapshot = { snapshotId: name, sourceVolumeId, source: volume.source, ...made };
     await owner.state.recordSnapshot(snapshot);
     owner.logger.info(`snapshot at ${made.dataCommit.slice(0, 12)}`, { volume: sourceVolumeId, snapshot: name, operation: "create_snapshot" });
-    return { snapshot };
+    return { snapshot, heldBy: "" };
   });
 }
 

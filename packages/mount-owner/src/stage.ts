@@ -1,5 +1,6 @@
 import * as fs from "node:fs/promises";
 import { failedPrecondition, type gitcsi, gitWorker, type mountOwner, required } from "@git-csi/protos";
+import { flushIfAsked } from "./class-watch";
 import type { Owner, StagedMount } from "./context";
 import type { EpochFence } from "./fuse/binding";
 import { fuseSource, readMountTable, unmountAll } from "./mounts";
@@ -34,6 +35,10 @@ export async function stage(owner: Owner, request: mountOwner.StageVolumeRequest
   // Durable before the stage reports success.
   if (!session.completed) await writeSession(stagingPath, { ...session, completed: true });
   owner.logger.info("staged", { volume: volumeId, operation: "stage", reused: tree.reused, head: tree.head });
+  // A snapshot or a clone asked for while another node held the volume (a dead one this stage took over from) waits for this node's flush.
+  void owner.perVolume
+    .run(volumeId, () => flushIfAsked(owner, volumeId, owner.watched.get(volumeId)?.flushRequest))
+    .catch((err: Error) => owner.logger.warn(`a snapshot or a clone asked for waits: ${err.message}`, { volume: volumeId, operation: "mark_flushed" }));
   return {};
 }
 

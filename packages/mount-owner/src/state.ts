@@ -30,6 +30,8 @@ export interface VolumeRecord {
   reclaimPolicy?: string;
   /** The fsGroup (volume_mount_group) the stage applied to the tree; absent for none. */
   volumeMountGroup?: string;
+  /** The last snapshot or clone request the node pushed a flushed marker for: a restarted watch does not flush for it again. */
+  flushedRequest?: string;
   /** The pod each publish target serves (podInfoOnMount), whose events the volume posts. */
   pods?: Record<string, gitcsi.Pod>;
 }
@@ -159,6 +161,10 @@ export class State {
   /** The class that arms the volume, and its claim where one is known. */
   async recordClass(volumeId: string, volumeClass: gitcsi.VolumeClass | undefined, claim?: gitcsi.Claim): Promise<void> {
     await this.volumes.update(volumeId, (record) => ({ ...record, volumeClass, claim: claim ?? record.claim }));
+  }
+
+  async recordFlushed(volumeId: string, request: string): Promise<void> {
+    await this.volumes.update(volumeId, (record) => ({ ...record, flushedRequest: request }));
   }
 
   async recordReclaimPolicy(volumeId: string, reclaimPolicy: string): Promise<void> {

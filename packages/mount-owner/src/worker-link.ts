@@ -104,6 +104,11 @@ export class WorkerLink {
     this.deps.logger.warn(`the mount epoch was not released on the remote; its lease runs out by itself: ${answer.message}`, { volume: volumeId, operation: "mount_release_deferred" });
   }
 
+  /** A snapshot or a clone of the volume asked for a flush: push what the tree holds now, then the flushed marker. */
+  markFlushed(volumeId: string, requestId: string): Promise<gitWorker.FlushVolumeResponse> {
+    return call(this.worker.markFlushed.bind(this.worker), { volumeId, requestId }, WORKER_TIMEOUT_MS);
+  }
+
   /** The last pod stopped: push what the tree holds now. The unstage after it is what insists on the commit. */
   async flushAtPodStop(volumeId: string): Promise<void> {
     const result = await call(this.worker.flushVolume.bind(this.worker), { volumeId }, WORKER_TIMEOUT_MS).catch((err: Error) => ({ pushed: false, message: err.message }));
@@ -185,7 +190,7 @@ export class WorkerLink {
     return call(this.worker.provisionBranch.bind(this.worker), request, WORKER_TIMEOUT_MS);
   }
 
-  /** CreateSnapshot's ref on the volume's remote; the worker refuses a volume a mount epoch holds. */
+  /** CreateSnapshot's ref on the volume's remote; none, and held_by set, while a node holds the volume and has not flushed for it. */
   makeSnapshot(snapshotId: string, volume: mountOwner.Volume, credential: gitcsi.Credential | undefined): Promise<gitWorker.MakeSnapshotResponse> {
     const request = { snapshotId, volumeId: volume.volumeId, source: volume.source, credential };
     return call(this.worker.makeSnapshot.bind(this.worker), request, WORKER_TIMEOUT_MS);

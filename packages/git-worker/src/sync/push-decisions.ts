@@ -9,6 +9,8 @@ import type { PushResult } from "../remote/remote";
 export const REBASE_ATTEMPTS = 3;
 /** The trigger of a flush: the pod stopped, and nothing else will push. */
 export const POD_STOPPED = "the pod stopped";
+/** The trigger of a flush for a snapshot or a clone of the volume. */
+export const FLUSH_ASKED = "a snapshot or a clone asked for a flush";
 
 export interface SyncOutcome {
   pushed: boolean;

@@ -3,7 +3,7 @@ import { METADATA_REF, Reason } from "@git-csi/config";
 import type { Committed } from "./commit";
 import { recordMetadata } from "../metadata/record";
 import { afterPush, commitsToPush, REBASE_ATTEMPTS, somethingToPush, type SyncOutcome, withoutCredential } from "./push-decisions";
-import { branchChange, deleteRefs, metadataChange, pushChanges, RemoteError, STAGE_BYTES } from "../remote/remote";
+import { branchChange, deleteRefs, metadataChange, pushChanges, pushUpdates, RemoteError, STAGE_BYTES } from "../remote/remote";
 import type { VolumeReporter } from "../report";
 import type { SyncScheduler } from "./schedule";
 import { UPSTREAM_METADATA } from "../trees/store";
@@ -181,6 +181,21 @@ export class VolumePush {
     this.report.emit(Reason.Pushed, "Normal", `pushed to ${s.pushBranch}`);
     this.scheduler.pushed(s.pending.size > 0);
     this.report.publishMetrics();
+  }
+
+  /**
+   * The flushed marker at HEAD, once the remote holds every commit of the
+   * tree: the controller makes a snapshot or a clone from it. Unfenced: it
+   * moves nothing the owner ref guards, and names a commit the epoch pushed.
+   */
+  async pushMarker(ref: string): Promise<SyncOutcome> {
+    const s = this.s;
+    if (s.unpushed > 0) return { pushed: false, message: `${s.unpushed} commit(s) of the tree are not on the remote; ${ref} waits for the next flush` };
+    const head = await revParse(s.tree, "HEAD");
+    const result = await s.ctx.onRepository(() => s.remote((repo) => pushUpdates(repo, [{ ref, expected: "", next: head }])));
+    if (result.outcome !== "pushed") return { pushed: false, message: `pushing ${ref} failed: ${result.message}` };
+    s.log("info", `pushed ${ref} at ${head.slice(0, 12)}`, "mark_flushed");
+    return { pushed: true, message: `pushed ${ref}` };
   }
 
   pushFailed(message: string): SyncOutcome {

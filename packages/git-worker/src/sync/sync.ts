@@ -9,13 +9,14 @@ import { VolumeCredential } from "../remote/publish-credential";
 import { GitCommandError } from "../remote/git";
 import { RemoteError } from "../remote/remote";
 import { VolumePush } from "./push";
-import { POD_STOPPED, type SyncOutcome } from "./push-decisions";
+import { FLUSH_ASKED, POD_STOPPED, type SyncOutcome } from "./push-decisions";
 import type { RenewalMember } from "../lease/renewal";
 import { VolumeReporter } from "../report";
 import { SyncScheduler, systemClock } from "./schedule";
 import { VolumeRecovery } from "./recovery";
 import { VolumeStranded } from "./stranded";
 import type { PreparedTree } from "../trees/stage";
+import { flushedRef } from "../trees/store";
 import { VolumeUpstream } from "./upstream";
 import { type SyncContext, VolumeState } from "./volume";
 import { WatchBatches } from "./watch-batches";
@@ -284,14 +285,27 @@ export class VolumeSync {
     return this.sync(POD_STOPPED);
   }
 
-  private sync(trigger: string): Promise<SyncOutcome> {
+  /**
+   * A snapshot or a clone of the volume asked for (request: its id): every
+   * write the tree holds is committed and pushed as at a pod stop, then the
+   * flushed marker names the commit the remote holds, in the same step, so
+   * no later commit comes between.
+   */
+  markFlushed(requestId: string): Promise<SyncOutcome> {
+    this.s.fullScan = true;
+    return this.sync(FLUSH_ASKED, (flushed) => (flushed.pushed ? this.pusher.pushMarker(flushedRef(this.s.volumeId, requestId)) : Promise.resolve(flushed)));
+  }
+
+  /** `then`: what follows the push in the same step; an unarmed volume reaches neither. */
+  private sync(trigger: string, then?: (pushed: SyncOutcome) => Promise<SyncOutcome>): Promise<SyncOutcome> {
     this.scheduler.syncStarts();
     return this.steps.run(async () => {
       await this.committer.refreshPending();
-      if (!this.s.policy) return { pushed: this.s.unpushed === 0, message: "unarmed: nothing is committed or pushed" };
+      if (!this.s.policy) return { pushed: !then && this.s.unpushed === 0, message: "unarmed: nothing is committed or pushed" };
       const head = await this.committer.commitOrRetry(trigger);
       // A push the owner ref refused (LeaseLost) lost the epoch.
-      return this.pusher.push(trigger, head).finally(() => this.watchLease());
+      const pushed = await this.pusher.push(trigger, head).finally(() => this.watchLease());
+      return then ? then(pushed) : pushed;
     });
   }
 

@@ -10,7 +10,7 @@ import { gitMessage, runGit } from "../remote/git";
 import { fetchBranch, type PushResult, pushUpdates, type RefUpdate } from "../remote/remote";
 import { revParse } from "../remote/tree";
 import type { GitWorkerDeps } from "../service";
-import { metadataUpdates, startPoint, type VolumePoint } from "./snapshots";
+import { markerDeletion, metadataUpdates, startPoint, type VolumePoint } from "./snapshots";
 import { archiveRef, branchOfRef, checkRemoteUrl, upstreamRef } from "./store";
 
 /** git's tree with nothing in it, which every repository knows without storing it. */
@@ -27,18 +27,20 @@ export async function provisionBranch(deps: GitWorkerDeps, request: gitWorker.Pr
   const base = request.baseRef === "" ? undefined : branchOfRef(request.baseRef);
   return onRemote(deps, volumeId, source, request.credential, async (repo) => {
     const heads = await listHeads(repo, source.url);
-    const point = request.start && (await startPoint(repo, source.url, request.start));
+    const point = request.start && (await startPoint(repo, source.url, request.start, volumeId));
     const existing = heads.branches.get(branch);
-    if (existing) return { created: false, commit: checkStarts(existing, branch, point) };
+    // A clone's retry after its branch was made finds the source's flushed marker gone: the branch is the clone's.
+    if (point && "heldBy" in point) return existing ? { created: false, commit: existing, heldBy: "" } : { created: false, commit: "", heldBy: point.heldBy };
+    if (existing) return { created: false, commit: checkStarts(existing, branch, point), heldBy: "" };
     const start = point ? point.data : await startOf(repo, heads, base, source.url);
     const metadata = point ? await metadataUpdates(repo, deps.store.repoDir(source.url), branch, point) : [];
-    const pushed = await pushUpdates(repo, [{ ref: `refs/heads/${branch}`, expected: "", next: start }, ...metadata]);
+    const pushed = await pushUpdates(repo, [{ ref: `refs/heads/${branch}`, expected: "", next: start }, ...metadata, ...(point ? markerDeletion(point) : [])]);
     if (pushed.outcome === "pushed") {
       deps.logger.info(`made the branch ${branch} at ${start.slice(0, 12)}`, { volume: volumeId, operation: "provision_branch" });
-      return { created: true, commit: start };
+      return { created: true, commit: start, heldBy: "" };
     }
     const raced = pushed.outcome === "rejected" && (await listHeads(repo, source.url)).branches.get(branch);
-    if (raced) return { created: false, commit: checkStarts(raced, branch, point) };
+    if (raced) return { created: false, commit: checkStarts(raced, branch, point), heldBy: "" };
     // refs/git-csi/metadata moved under a restore: the provisioner's retry lists it again.
     if (pushed.outcome === "rejected") throw new CsiError(status.ABORTED, `making the branch ${branch} in ${source.url} raced another push: ${pushed.message}`);
     throw unavailable(`making the branch ${branch} in ${source.url} failed: ${pushed.message}`);

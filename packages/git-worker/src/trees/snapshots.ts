@@ -9,7 +9,7 @@ import { deleteRefs, fetchBranch, fetchMetadata, fetchOwner, fetchRef, pushUpdat
 import { revParse } from "../remote/tree";
 import type { GitWorkerDeps } from "../service";
 import { branchRequestOf, onRemote } from "./branches";
-import { branchOfRef, snapshotRef, upstreamRef, upstreamSnapshotRef } from "./store";
+import { branchOfRef, flushedRef, snapshotRef, upstreamFlushedRef, upstreamRef, upstreamSnapshotRef } from "./store";
 
 /** A volume's content at one moment: the commit the remote holds for it, and the metadata commit that lists its modes, owners and empty directories. */
 export interface VolumePoint {
@@ -18,6 +18,13 @@ export interface VolumePoint {
   metadata: string;
   /** The branch the metadata lists the data under: the volume's ref, never its side branch. */
   branch: string;
+  /** The flushed marker the point was read from: it goes in the push that uses the point. */
+  marker?: RefUpdate;
+}
+
+/** No point yet: a node holds the volume and has not pushed the flushed marker for this request. */
+export interface Held {
+  heldBy: string;
 }
 
 /**
@@ -32,9 +39,10 @@ export async function makeSnapshot(deps: GitWorkerDeps, request: gitWorker.MakeS
   return onRemote(deps, volumeId, source, request.credential, async (repo) => {
     const existing = await onUrl(source.url, fetchSnapshot(repo, snapshotId));
     if (existing !== "") return describeSnapshot(repo, snapshotId, existing, volumeId);
-    const point = await volumePoint(repo, source.url, volumeId, branch);
+    const point = await volumePoint(repo, source.url, volumeId, branch, snapshotId);
+    if ("heldBy" in point) return { commit: "", dataCommit: "", sizeBytes: 0, creationTimeUnixMs: 0, heldBy: point.heldBy };
     const commit = await snapshotCommit(repo, snapshotId, volumeId, point);
-    const pushed = await pushUpdates(repo, [{ ref: snapshotRef(snapshotId), expected: "", next: commit }]);
+    const pushed = await pushUpdates(repo, [{ ref: snapshotRef(snapshotId), expected: "", next: commit }, ...markerDeletion(point)]);
     if (pushed.outcome !== "pushed") {
       const raced = pushed.outcome === "rejected" ? await onUrl(source.url, fetchSnapshot(repo, snapshotId)) : "";
       if (raced !== "") return describeSnapshot(repo, snapshotId, raced, volumeId);
@@ -59,9 +67,12 @@ export async function removeSnapshot(deps: GitWorkerDeps, request: gitWorker.Rem
   });
 }
 
-/** Where a restore or a clone starts: a snapshot's point as its commit records it, or a released volume's pushed commit now. */
-export async function startPoint(repo: SimpleGit, url: string, start: gitWorker.BranchStart): Promise<VolumePoint> {
-  if (start.snapshotId === "") return volumePoint(repo, url, required(start.volumeId, "start.volume_id"), branchOfRef(start.ref));
+/**
+ * Where a restore or a clone starts: a snapshot's point as its commit records
+ * it, or the source volume's point for the clone `volumeId`.
+ */
+export async function startPoint(repo: SimpleGit, url: string, start: gitWorker.BranchStart, volumeId: string): Promise<VolumePoint | Held> {
+  if (start.snapshotId === "") return volumePoint(repo, url, required(start.volumeId, "start.volume_id"), branchOfRef(start.ref), volumeId);
   const commit = await onUrl(url, fetchSnapshot(repo, start.snapshotId));
   if (commit === "") throw notFound(`volume_content_source.snapshot ${start.snapshotId}: ${snapshotRef(start.snapshotId)} is not in ${url}`);
   return pointOf(await snapshotMessage(repo, commit));
@@ -91,10 +102,15 @@ export async function metadataUpdates(repo: SimpleGit, gitDir: string, branch: s
   return [{ ref: METADATA_REF, expected: current, next: commit }];
 }
 
-/** FailedPrecondition while a mount epoch holds the volume: its node may have writes the remote lacks. */
-async function checkReleased(repo: SimpleGit, url: string, volumeId: string): Promise<void> {
+/** The marker's deletion, a compare-and-swap from where it was read, for the push that used it. */
+export function markerDeletion(point: VolumePoint): RefUpdate[] {
+  return point.marker ? [point.marker] : [];
+}
+
+/** The node whose mount epoch holds the volume, "" when none does: a holder may have writes the remote lacks. */
+async function holderOf(repo: SimpleGit, url: string, volumeId: string): Promise<string> {
   const oid = await onUrl(url, fetchOwner(repo, volumeId));
-  if (oid === "") return;
+  if (oid === "") return "";
   let record;
   try {
     record = parseRecord(await runGit(repo, ["show", "-s", "--format=%B", oid]));
@@ -102,16 +118,22 @@ async function checkReleased(repo: SimpleGit, url: string, volumeId: string): Pr
     if (err instanceof RecordError) throw failedPrecondition(`refs/git-csi/owner/${volumeId} in ${url} is no owner record (${err.message})`);
     throw err;
   }
-  if (!record.released) {
-    throw failedPrecondition(
-      `volume ${volumeId} is held by node ${record.node}, which may have writes the remote lacks; a snapshot or a clone of a volume a node serves is not built yet: stop its pods so the node unstages it, then try again`,
-    );
-  }
+  return record.released ? "" : record.node;
 }
 
-/** A released volume's point: its side branch while it has one (it holds what the branch refused), else its branch. */
-async function volumePoint(repo: SimpleGit, url: string, volumeId: string, branch: string): Promise<VolumePoint> {
-  await checkReleased(repo, url, volumeId);
+/**
+ * The volume's point for the request (a snapshot's id, a clone's volume id):
+ * the commit its node's flush for the request pushed, when the flushed marker
+ * is there; else, while no epoch holds the volume, its side branch while it
+ * has one (it holds what the branch refused), else its branch. Held while a
+ * node serves it and has not flushed for the request.
+ */
+async function volumePoint(repo: SimpleGit, url: string, volumeId: string, branch: string, requestId: string): Promise<VolumePoint | Held> {
+  const flushed = flushedRef(volumeId, requestId);
+  const marked = await onUrl(url, fetchRef(repo, flushed, upstreamFlushedRef(volumeId, requestId)));
+  if (marked !== "") return { data: marked, metadata: await onUrl(url, fetchMetadata(repo)), branch, marker: { ref: flushed, expected: marked, next: "" } };
+  const heldBy = await holderOf(repo, url, volumeId);
+  if (heldBy !== "") return { heldBy };
   const side = sideBranchOf(branch, volumeId);
   const pushed = (await onUrl(url, fetchBranch(repo, side))) === "fetched" ? side : branch;
   if (pushed === branch && (await onUrl(url, fetchBranch(repo, branch))) === "missing") throw failedPrecondition(`volume ${volumeId}'s branch ${branch} is not in ${url}`);
@@ -148,7 +170,7 @@ async function describeSnapshot(repo: SimpleGit, snapshotId: string, commit: str
   if (of !== volumeId) throw alreadyExists(`snapshot ${snapshotId} exists already, of volume ${of}, not ${volumeId}`);
   const data = pointOf(message).data;
   const seconds = Number((await runGit(repo, ["show", "-s", "--format=%ct", commit])).trim());
-  return { commit, dataCommit: data, sizeBytes: await treeSize(repo, data), creationTimeUnixMs: seconds * 1000 };
+  return { commit, dataCommit: data, sizeBytes: await treeSize(repo, data), creationTimeUnixMs: seconds * 1000, heldBy: "" };
 }
 
 async function snapshotMessage(repo: SimpleGit, commit: string): Promise<string> {

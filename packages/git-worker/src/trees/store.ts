@@ -168,6 +168,20 @@ export function snapshotRef(snapshotId: string): string {
   return `refs/git-csi/snapshots/${snapshotId}`;
 }
 
+/**
+ * The commit a node's flush pushed for a snapshot or a clone of a volume it
+ * serves (request: the snapshot's id or the clone's volume id); the push
+ * that makes the snapshot or the clone deletes it.
+ */
+export function flushedRef(volumeId: string, requestId: string): string {
+  return `refs/git-csi/flushed/${volumeId}/${requestId}`;
+}
+
+/** What the controller last fetched of a flushed marker. */
+export function upstreamFlushedRef(volumeId: string, requestId: string): string {
+  return `${UPSTREAM_PREFIX}flushed/${volumeId}/${requestId}`;
+}
+
 /** What the node last fetched of a snapshot. */
 export function upstreamSnapshotRef(snapshotId: string): string {
   return `${UPSTREAM_PREFIX}snapshots/${snapshotId}`;
