@@ -51,8 +51,8 @@ export interface CommitSection {
   environment: Record<string, unknown>;
   ways: Record<string, string>;
   trees: TreeResult[];
-  /** Large tree over small tree, median over median. */
-  growth: { driverTotal: number; driverMinusQuiesce: number; driverPending: number; driverCommitted: number; driverPush: number; byHand: number; fullScan: number; status: number; pushAlone: number };
+  /** Large tree over small tree, median over median; absent with one tree (--commit-path). */
+  growth?: { driverTotal: number; driverMinusQuiesce: number; driverPending: number; driverCommitted: number; driverPush: number; byHand: number; fullScan: number; status: number; pushAlone: number };
 }
 
 type TreeSamples = { driver: DriverSample[]; byHand: number[]; fullScan: number[]; status: number[]; pushAlone: number[] };
@@ -100,7 +100,7 @@ function treeResult(tree: Tree, s: TreeSamples, driverFirstChangeMs: number): Tr
 }
 
 /** How each way's cost grows from the small tree to the large one. */
-function growthOf(small: TreeResult["median"], large: TreeResult["median"]): CommitSection["growth"] {
+function growthOf(small: TreeResult["median"], large: TreeResult["median"]): NonNullable<CommitSection["growth"]> {
   return {
     driverTotal: large.driver.totalMs / small.driver.totalMs,
     driverMinusQuiesce: large.driver.minusQuiesceMs / small.driver.minusQuiesceMs,
@@ -143,7 +143,7 @@ export async function runCommitCost(config: Config, dir: string, baseEnv: Record
 
     const samples = await sampleTrees(server, driver, trees, c);
     const results = trees.map((tree) => treeResult(tree, samples.get(tree)!, first.get(tree)!));
-    const [small, large] = [results[0]!.median, results[1]!.median];
+    const [small, large] = [results[0]!.median, results[1]?.median];
     return {
       config: { quick: config.quick, repetitions: c.repetitions, warmUps: 1, quiesceMs: c.quiesceMs, maxLatency: "1m", pollMs: POLL_MS, filesPerDirectory: FILES_PER_DIR, fileBytes: FILE_BYTES },
       environment: env,
@@ -155,7 +155,7 @@ export async function runCommitCost(config: Config, dir: string, baseEnv: Record
         pushAlone: "the same clone, one file appended and committed untimed: git push -q",
       },
       trees: results,
-      growth: growthOf(small, large),
+      ...(large ? { growth: growthOf(small, large) } : {}),
     };
   } catch (err) {
     failed = true;
