@@ -119,8 +119,17 @@ function commitMarkdown(section: CommitSection): string {
   const q = `${config.quiesceMs / 1000} s`;
   // One column a tree, and the growth from the small to the large one when both ran (not with --commit-path).
   const row = (label: string, cells: string[], g = "") => `| ${label} | ${cells.join(" | ")} |${large ? ` ${g} |` : ""}`;
-  const timeRow = (label: string, pick: (t: TreeResult) => number, g?: number) => row(label, trees.map((t) => ms(pick(t))), g === undefined ? "" : ratio(g));
-  const ratioRow = (label: string, pick: (t: TreeResult["ratio"]) => number) => row(label, trees.map((t) => ratio(pick(t.ratio))));
+  const timeRow = (label: string, pick: (t: TreeResult) => number, g?: number) =>
+    row(
+      label,
+      trees.map((t) => ms(pick(t))),
+      g === undefined ? "" : ratio(g),
+    );
+  const ratioRow = (label: string, pick: (t: TreeResult["ratio"]) => number) =>
+    row(
+      label,
+      trees.map((t) => ratio(pick(t.ratio))),
+    );
   const lines = [
     `## 2. Commit cost: one changed file in ${large ? "a small and a large tree" : "a small tree (--commit-path)"}`,
     "",
@@ -140,7 +149,10 @@ function commitMarkdown(section: CommitSection): string {
     timeRow("(c') git status --porcelain alone", (t) => t.median.status, growth?.status),
     timeRow("(d) git push alone, of one commit", (t) => t.median.pushAlone, growth?.pushAlone),
     ratioRow("(a) minus the quiesce / (b)", (r) => r.driverMinusQuiesceOverByHand),
-    row("… issue 29 asks, at 1,000 files", trees.map((t, i) => (i === 0 ? atMost(t.ratio.driverMinusQuiesceOverByHand, COMMIT_TARGET) : ""))),
+    row(
+      "… issue 29 asks, at 1,000 files",
+      trees.map((t, i) => (i === 0 ? atMost(t.ratio.driverMinusQuiesceOverByHand, COMMIT_TARGET) : "")),
+    ),
     ratioRow("(c) / (b)", (r) => r.fullScanOverByHand),
     ratioRow("(c') / (b)", (r) => r.statusOverByHand),
     "",
