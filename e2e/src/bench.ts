@@ -1,13 +1,14 @@
 // make bench: three sections, in one run on this machine.
 //
-//   node e2e/dist/src/bench.js [--quick] [--passthrough-only | --commit-only | --scale-only | --no-scale] [--out DIR]
+//   node e2e/dist/src/bench.js [--quick] [--passthrough-only | --commit-only | --commit-path | --scale-only | --no-scale] [--out DIR]
 //
 // 1. The driver's FUSE passthrough against a plain directory and against
 //    bindfs (skipped with --commit-only or --scale-only).
 // 2. Commit cost: one changed file in a small and a large tree, committed and
 //    pushed by the driver, by hand with git on that one path, and by a full
 //    scan (git add --all); see bench/commit.ts (skipped with
-//    --passthrough-only or --scale-only).
+//    --passthrough-only or --scale-only; --commit-path runs it alone, on the
+//    small tree only).
 // 3. Scale: many volumes staged on one node, idle and then written once each
 //    (skipped with --passthrough-only, --commit-only or --no-scale).
 //
@@ -39,7 +40,7 @@ async function main(): Promise<void> {
 
   try {
     log(
-      `bench: ${config.quick ? "quick" : "full"} run${config.passthroughOnly ? ", passthrough only" : ""}${config.commitOnly ? ", commit cost only" : ""}${config.scaleOnly ? ", scale only" : ""}${config.noScale ? ", no scale" : ""}; scratch ${dir}`,
+      `bench: ${config.quick ? "quick" : "full"} run${config.passthroughOnly ? ", passthrough only" : ""}${config.commitOnly ? `, commit cost only${config.commitPath ? " (small tree)" : ""}` : ""}${config.scaleOnly ? ", scale only" : ""}${config.noScale ? ", no scale" : ""}; scratch ${dir}`,
     );
     const env = await environment(config);
     const results = await previousResults(config.out);

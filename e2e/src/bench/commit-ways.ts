@@ -1,14 +1,14 @@
 // Section 2's ways to commit and push one changed file, each one sample: (a)
 // the driver, through the volume's mount; (b), (c'), (c) and (d) git by hand in
 // a plain clone. See commit.ts.
+import { watch } from "node:fs";
+import * as fs from "node:fs/promises";
 import * as path from "node:path";
-import { setTimeout as sleep } from "node:timers/promises";
 import { createVolume, type Driver, type PublishedVolume, report, setVolumeClass, stageAndPublish } from "../driver";
 import { gitEnv, type GitServer } from "../git-server";
 import { FILE_BYTES, FILES_PER_DIR } from "./config";
 import { checkInterrupted, exec, gitSh, log, sh, until } from "./process";
 
-export const POLL_MS = 20;
 const CHANGED_BY: Record<"driver" | "byHand" | "fullScan" | "pushAlone", number> = { driver: 100, byHand: 300, fullScan: 500, pushAlone: 700 };
 
 /** A fast-import stream: one commit of `dirs` directories of `per` files of `size` bytes, each file its own blob. */
@@ -121,6 +121,34 @@ async function driverTimeline(driver: Driver, volumeId: string, since: number): 
   return { pending: at("GitVolumePending"), committed, pushed: at("GitVolumePushed") };
 }
 
+/**
+ * When a bare repository's loose ref is replaced by another commit: inotify
+ * on its directory (receive-pack renames the ref's lock file over it), so
+ * the bench spawns no process while the driver works, where a poll of
+ * `git rev-parse` every 20 ms took CPU from the driver's own git on a busy
+ * machine, and by hand had no such poll beside it.
+ */
+function refMoved(gitDir: string, ref: string, before: string, timeoutMs: number): { at: Promise<number>; close: () => void } {
+  const file = path.join(gitDir, ref);
+  let close = () => undefined as void;
+  const at = new Promise<number>((resolve, reject) => {
+    const timer = setTimeout(() => reject(new Error(`${ref} of ${gitDir} did not move within ${timeoutMs} ms`)), timeoutMs);
+    const watcher = watch(path.dirname(file), (_event, name) => {
+      const seen = Date.now();
+      if (name !== path.basename(file)) return;
+      void fs.readFile(file, "utf8").then(
+        (now) => now.trim() !== before && now.trim() !== "" && resolve(seen),
+        () => undefined,
+      );
+    });
+    close = () => {
+      clearTimeout(timer);
+      watcher.close();
+    };
+  });
+  return { at, close: () => close() };
+}
+
 /** (a) One file appended through the volume's mount, until the remote ref moves. */
 export async function driverOnce(server: GitServer, driver: Driver, tree: Tree, quiesceMs: number, rep: number, timeoutMs = 60_000): Promise<DriverSample> {
   const volumeId = tree.volume.volumeId;
@@ -130,23 +158,18 @@ export async function driverOnce(server: GitServer, driver: Driver, tree: Tree, 
   });
   const file = changedFile(tree, "driver", rep);
   const before = await remoteHead(server, tree.driverRepo);
+  const moved = refMoved(server.repoPath(tree.driverRepo), "refs/heads/main", before, timeoutMs + quiesceMs);
+  moved.at.catch(() => undefined);
   checkInterrupted();
-  // date(1) right after the append returned: the clock starts when the write has landed.
-  const { stdout } = await sh('printf "%s\\n" "$2" >> "$1" && date +%s%N', path.join(tree.volume.targetPath, file), `driver run ${rep}`);
-  const wrote = Number(stdout.trim()) / 1e6;
-  // The ref moved between the last poll that saw it unchanged and the first that saw it moved: the middle, ±POLL_MS/2.
-  let unchangedAt = wrote;
+  let wrote: number;
   let movedAt: number;
-  for (const deadline = Date.now() + timeoutMs + quiesceMs; ;) {
-    checkInterrupted();
-    const pollAt = Date.now();
-    if ((await remoteHead(server, tree.driverRepo)) !== before) {
-      movedAt = (unchangedAt + pollAt) / 2;
-      break;
-    }
-    unchangedAt = pollAt;
-    if (pollAt > deadline) throw new Error(`the driver did not push ${file} within ${Math.round(pollAt - wrote)} ms`);
-    await sleep(Math.max(0, POLL_MS - (Date.now() - pollAt)));
+  try {
+    // date(1) right after the append returned: the clock starts when the write has landed.
+    const { stdout } = await sh('printf "%s\\n" "$2" >> "$1" && date +%s%N', path.join(tree.volume.targetPath, file), `driver run ${rep}`);
+    wrote = Number(stdout.trim()) / 1e6;
+    movedAt = await moved.at;
+  } finally {
+    moved.close();
   }
   const timeline = await driverTimeline(driver, volumeId, Math.floor(wrote));
   const paths = await lastCommitPaths(server, tree.driverRepo, before);

@@ -4,8 +4,8 @@
 // three ways:
 //   (a) driver     the application appends to one file through the volume's
 //                  mount; the clock runs from the write's return to the moment
-//                  the remote ref moves (git rev-parse on the bare repository
-//                  every POLL_MS). The class's quiesce is idle waiting, so it is
+//                  the remote ref moves (inotify on the bare repository's
+//                  refs/heads). The class's quiesce is idle waiting, so it is
 //                  also reported subtracted: what is left is the git work,
 //                  plus the watcher's latency.
 //   (b) by hand    in a plain clone: git add <that path>; git commit; git push.
@@ -25,7 +25,7 @@ import * as path from "node:path";
 import { type Driver, freePort, type PublishedVolume, startDriver, unpublishAndUnstage } from "../driver";
 import { type GitServer, startGitDaemon } from "../git-server";
 import { type Config, FILE_BYTES, FILES_PER_DIR } from "./config";
-import { byHandOnce, driverOnce, type DriverSample, POLL_MS, setUpTree, type Tree } from "./commit-ways";
+import { byHandOnce, driverOnce, type DriverSample, setUpTree, type Tree } from "./commit-ways";
 import { cleanUp, log } from "./process";
 import { medianOf } from "./stats";
 
@@ -47,12 +47,12 @@ export interface TreeResult {
 }
 
 export interface CommitSection {
-  config: { quick: boolean; repetitions: number; warmUps: number; quiesceMs: number; maxLatency: string; pollMs: number; filesPerDirectory: number; fileBytes: number };
+  config: { quick: boolean; repetitions: number; warmUps: number; quiesceMs: number; maxLatency: string; filesPerDirectory: number; fileBytes: number };
   environment: Record<string, unknown>;
   ways: Record<string, string>;
   trees: TreeResult[];
-  /** Large tree over small tree, median over median. */
-  growth: { driverTotal: number; driverMinusQuiesce: number; driverPending: number; driverCommitted: number; driverPush: number; byHand: number; fullScan: number; status: number; pushAlone: number };
+  /** Large tree over small tree, median over median; absent with one tree (--commit-path). */
+  growth?: { driverTotal: number; driverMinusQuiesce: number; driverPending: number; driverCommitted: number; driverPush: number; byHand: number; fullScan: number; status: number; pushAlone: number };
 }
 
 type TreeSamples = { driver: DriverSample[]; byHand: number[]; fullScan: number[]; status: number[]; pushAlone: number[] };
@@ -100,7 +100,7 @@ function treeResult(tree: Tree, s: TreeSamples, driverFirstChangeMs: number): Tr
 }
 
 /** How each way's cost grows from the small tree to the large one. */
-function growthOf(small: TreeResult["median"], large: TreeResult["median"]): CommitSection["growth"] {
+function growthOf(small: TreeResult["median"], large: TreeResult["median"]): NonNullable<CommitSection["growth"]> {
   return {
     driverTotal: large.driver.totalMs / small.driver.totalMs,
     driverMinusQuiesce: large.driver.minusQuiesceMs / small.driver.minusQuiesceMs,
@@ -143,19 +143,19 @@ export async function runCommitCost(config: Config, dir: string, baseEnv: Record
 
     const samples = await sampleTrees(server, driver, trees, c);
     const results = trees.map((tree) => treeResult(tree, samples.get(tree)!, first.get(tree)!));
-    const [small, large] = [results[0]!.median, results[1]!.median];
+    const [small, large] = [results[0]!.median, results[1]?.median];
     return {
-      config: { quick: config.quick, repetitions: c.repetitions, warmUps: 1, quiesceMs: c.quiesceMs, maxLatency: "1m", pollMs: POLL_MS, filesPerDirectory: FILES_PER_DIR, fileBytes: FILE_BYTES },
+      config: { quick: config.quick, repetitions: c.repetitions, warmUps: 1, quiesceMs: c.quiesceMs, maxLatency: "1m", filesPerDirectory: FILES_PER_DIR, fileBytes: FILE_BYTES },
       environment: env,
       ways: {
-        driver: `a volume armed with push.quiesce ${quiesce}, push.maxLatency 1m; one file appended through the publish target; write returned → the remote ref moved (git rev-parse every ${POLL_MS} ms, the middle of the last two polls)`,
+        driver: `a volume armed with push.quiesce ${quiesce}, push.maxLatency 1m; one file appended through the publish target; write returned → the remote ref moved (inotify on the bare repository's refs/heads: no process spawned meanwhile)`,
         byHand: "a plain clone: append; git add <path>; git commit -q -m x; git push -q",
         status: "the same clone, one file appended: git status --porcelain",
         fullScan: "the same clone, that file appended: git add --all; git commit -q -m x; git push -q",
         pushAlone: "the same clone, one file appended and committed untimed: git push -q",
       },
       trees: results,
-      growth: growthOf(small, large),
+      ...(large ? { growth: growthOf(small, large) } : {}),
     };
   } catch (err) {
     failed = true;

@@ -17,6 +17,8 @@ export interface Config {
   scaleOnly: boolean;
   /** Sections 1 and 2 only: the scale section alone takes about 10 minutes. */
   noScale: boolean;
+  /** Section 2 on its 1,000-file tree alone: issue 29's commit-path row, in about a minute. */
+  commitPath: boolean;
   scale: ScaleConfig;
   out: string;
   seqMiB: number;
@@ -28,8 +30,8 @@ export interface Config {
 }
 
 export interface CommitConfig {
-  /** The two trees, small first; every directory holds FILES_PER_DIR files, so only the number of directories differs. */
-  trees: [number, number];
+  /** The trees, small first; every directory holds FILES_PER_DIR files, so only the number of directories differs. */
+  trees: number[];
   repetitions: number;
   quiesceMs: number;
 }
@@ -43,15 +45,18 @@ export function parseConfig(argv: string[]): Config {
       "commit-only": { type: "boolean", default: false },
       "scale-only": { type: "boolean", default: false },
       "no-scale": { type: "boolean", default: false },
+      "commit-path": { type: "boolean", default: false },
       out: { type: "string" },
     },
     strict: true,
   });
   const quick = values.quick === true;
+  const commitPath = values["commit-path"] === true;
   return {
     quick,
     passthroughOnly: values["passthrough-only"] === true,
-    commitOnly: values["commit-only"] === true,
+    commitOnly: commitPath || values["commit-only"] === true,
+    commitPath,
     scaleOnly: values["scale-only"] === true,
     noScale: values["no-scale"] === true,
     scale: { volumes: quick ? 20 : 200, idleMs: quick ? 20_000 : 60_000 },
@@ -60,6 +65,6 @@ export function parseConfig(argv: string[]): Config {
     files: quick ? 1000 : 10_000,
     rows: quick ? 5000 : 50_000,
     repetitions: quick ? 1 : 3,
-    commit: { trees: [FILES_PER_DIR, quick ? 10_000 : 100_000], repetitions: quick ? 3 : 5, quiesceMs: 1000 },
+    commit: { trees: commitPath ? [FILES_PER_DIR] : [FILES_PER_DIR, quick ? 10_000 : 100_000], repetitions: commitPath ? 10 : quick ? 3 : 5, quiesceMs: 1000 },
   };
 }

@@ -3,7 +3,6 @@ import { execFileSync } from "node:child_process";
 import * as fs from "node:fs/promises";
 import * as path from "node:path";
 import { test } from "node:test";
-import { simpleGit } from "simple-git";
 import { commitFiles, type FileNow } from "../src/sync/fast-commit";
 import { AUTHOR, tempDir } from "./remote";
 
@@ -44,11 +43,10 @@ test("commitFiles commits files onto HEAD as git add and write-tree would, from 
   await fs.writeFile(path.join(gitDir, "index"), "not an index\n");
 
   const at = { cwd: work, env: { HOME: dir, GIT_DIR: gitDir, GIT_WORK_TREE: work }, config: [] };
-  const tree = simpleGit({ baseDir: work }).env({ PATH: env.PATH, HOME: dir, GIT_DIR: gitDir, GIT_WORK_TREE: work });
   const head = git("rev-parse", "HEAD");
   const branch = git("symbolic-ref", "HEAD");
   let listed: string[] = [];
-  const made = await commitFiles(at, tree, nowFiles, author, (statuses) => {
+  const made = await commitFiles(at, head, nowFiles, author, (statuses) => {
     listed = statuses.map((s) => `${s.deleted ? "D" : "M"} ${s.path}`);
     return "five paths\n";
   });
@@ -63,9 +61,9 @@ test("commitFiles commits files onto HEAD as git add and write-tree would, from 
 
   // Nothing changed: no commit. A path HEAD holds as a directory: the index decides.
   await fs.writeFile(path.join(work, "d/edit.txt"), "new\n");
-  assert.equal(await commitFiles(at, tree, [await now("d/edit.txt")], author, () => "x\n"), "unchanged");
+  assert.equal(await commitFiles(at, made.commit, [await now("d/edit.txt")], author, () => "x\n"), "unchanged");
   await fs.rm(path.join(work, "was-dir"), { recursive: true });
   await fs.writeFile(path.join(work, "was-dir"), "a file now\n");
-  assert.equal(await commitFiles(at, tree, [await now("was-dir")], author, () => "x\n"), undefined);
+  assert.equal(await commitFiles(at, made.commit, [await now("was-dir")], author, () => "x\n"), undefined);
   assert.equal(git("rev-parse", "HEAD"), made.commit, "neither moved HEAD");
 });

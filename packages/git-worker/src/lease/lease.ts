@@ -23,6 +23,7 @@ import { writeObjects } from "../metadata/plumbing";
 import { type Fence, fetchOwner, type PushResult, pushUpdates, type ReadRef, type RefChange, RemoteError, stageObjects } from "../remote/remote";
 import { ownerRef } from "../trees/store";
 import { runGit } from "../remote/git";
+import { writeLooseObject } from "../remote/loose";
 
 /** The ownership rules' refusals as the worker API says them. */
 const REFUSALS: Record<Refusal, gitWorker.LeaseRefusal> = {
@@ -110,6 +111,8 @@ export class MountLease {
   private readonly steps = new Serial();
   /** Staging refs the objects went ahead to that no landed push deleted yet, ref → the commit sent there. */
   private readonly sentAhead = new Map<string, string>();
+  /** The repository's object directory, where this lease writes its records. */
+  private objectsDir?: string;
 
   constructor(
     readonly holder: Holder,
@@ -314,8 +317,14 @@ export class MountLease {
     if (!record.released) this.servingUntil = sent + serveFor(this.holder.leaseMs);
   }
 
+  /**
+   * The record's commit, written by this process: a git process here sat
+   * between every commit and its push. Where the objects go is asked of git
+   * once a lease.
+   */
   private async commitRecord(record: OwnerRecord): Promise<string> {
-    return (await writeRecords(this.local(), [record]))[0]!;
+    this.objectsDir ??= (await runGit(this.local(), ["rev-parse", "--path-format=absolute", "--git-path", "objects"])).trim();
+    return writeLooseObject(this.objectsDir, "commit", recordCommit(record));
   }
 }
 

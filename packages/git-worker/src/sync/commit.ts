@@ -172,7 +172,7 @@ export class VolumeCommitter {
   private async fastCommit(files: FileNow[], bytes: number, trigger: string): Promise<FastCommit | "unchanged" | undefined> {
     if (files.length === 0 || bytes > FAST_COMMIT_BYTES || files.some((f) => f.stat !== undefined && !f.stat.isFile())) return undefined;
     try {
-      return await commitFiles(this.s.treeSetting, this.s.tree, files, this.s.policy!.author, (changed) => {
+      return await commitFiles(this.s.treeSetting, await this.s.head(), files, this.s.policy!.author, (changed) => {
         const { subject, body } = this.message(
           trigger,
           changed.map((c) => c.path),

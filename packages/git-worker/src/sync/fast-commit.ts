@@ -1,8 +1,6 @@
 import type { Stats } from "node:fs";
-import type { SimpleGit } from "simple-git";
 import { type Author, type Conversation, converse, type GitSetting } from "../remote/git";
 import type { PathStatus } from "../remote/tree";
-import { revParse } from "../remote/tree";
 
 /** A path as the commit takes it: a regular file as lstat saw it, or absent. */
 export interface FileNow {
@@ -18,28 +16,36 @@ export interface FastCommit {
 }
 
 /**
- * Commits these files onto HEAD's commit as they are in the work tree,
- * without the index: hash-object writes their blobs (with the tree's
- * attributes, as git add does) and fast-import the commit and the trees on
- * the way to them, reading only those directories, then moves HEAD to it.
- * write-tree reads the whole index instead: 12 ms at 100,000 files; the
- * caller stages the same files in the index meanwhile, for git status.
- * "unchanged" when HEAD holds them already; undefined where git must decide
- * through the index (a path HEAD holds as a directory or a submodule).
+ * Commits these files onto `parent`, HEAD's commit, as they are in the work
+ * tree, without the index: hash-object writes their blobs (with the tree's
+ * attributes, as git add does) while fast-import starts and looks up what
+ * the parent holds at their paths; fast-import then writes the commit and
+ * the trees on the way to them, reading only those directories, and moves
+ * HEAD to it. write-tree reads the whole index instead: 12 ms at 100,000
+ * files; the caller stages the same files in the index meanwhile, for git
+ * status. "unchanged" when HEAD holds them already; undefined where git
+ * must decide through the index (a path HEAD holds as a directory or a
+ * submodule).
  */
-export async function commitFiles(at: GitSetting, tree: SimpleGit, files: FileNow[], author: Author, message: (changed: PathStatus[]) => string): Promise<FastCommit | "unchanged" | undefined> {
+export async function commitFiles(at: GitSetting, parent: string, files: FileNow[], author: Author, message: (changed: PathStatus[]) => string): Promise<FastCommit | "unchanged" | undefined> {
   const present = files.filter((f) => f.stat !== undefined).map((f) => f.path);
-  const [blobs, parent] = await Promise.all([hashFiles(at, present), revParse(tree, "HEAD")]);
-  const wanted = files.map((f) => (f.stat ? `${fileMode(f.stat)} ${blobs.get(f.path)!}` : undefined));
+  const blobs = hashFiles(at, present);
+  // Awaited below unless fast-import fails or git must decide first: never a rejection nobody handles.
+  blobs.catch(() => undefined);
   return converse(at, ["fast-import", "--quiet", "--done"], async (io) => {
     for (const f of files) io.write(`ls ${parent} ${quoted(f.path)}\n`);
     const held: (Held | undefined)[] = [];
     for (let i = 0; i < files.length; i++) held.push(await heldAs(io));
-    const changed = files.filter((_, i) => (held[i] && `${held[i].mode} ${held[i].oid}`) !== wanted[i]);
-    const byIndex = held.some((h) => h !== undefined && h.type !== "blob");
-    if (byIndex || changed.length === 0) {
+    if (held.some((h) => h !== undefined && h.type !== "blob")) {
       io.write("done\n");
-      return byIndex ? undefined : "unchanged";
+      return undefined;
+    }
+    const oids = await blobs;
+    const wanted = files.map((f) => (f.stat ? `${fileMode(f.stat)} ${oids.get(f.path)!}` : undefined));
+    const changed = files.filter((_, i) => (held[i] && `${held[i].mode} ${held[i].oid}`) !== wanted[i]);
+    if (changed.length === 0) {
+      io.write("done\n");
+      return "unchanged";
     }
     const statuses = changed.map((f) => ({ path: f.path, deleted: f.stat === undefined }));
     const text = message(statuses);

@@ -7,7 +7,6 @@ import { branchChange, deleteRefs, metadataChange, pushChanges, pushUpdates, Rem
 import type { VolumeReporter } from "../report";
 import type { SyncScheduler } from "./schedule";
 import { UPSTREAM_METADATA } from "../trees/store";
-import { revParse } from "../remote/tree";
 import type { VolumeStranded } from "./stranded";
 import type { VolumeUpstream } from "./upstream";
 import type { VolumeState } from "./volume";
@@ -72,7 +71,7 @@ export class VolumePush {
     if (!somethingToPush(s.unpushed, s.refDeleted, s.metadataChanged.size)) return { pushed: true, message: "nothing to push" };
     // The only commit the remote lacks sits on what the last push left there: the push expects that, and nobody asks git.
     const landedOn = head && s.unpushed === 1 && !s.refDeleted ? head.parent : undefined;
-    const failed = await this.pushChanges(head?.commit ?? (await revParse(s.tree, "HEAD")), landedOn);
+    const failed = await this.pushChanges(head?.commit ?? (await s.head()), landedOn);
     if (failed) return failed;
     return { pushed: true, message: `pushed to ${s.pushBranch}` };
   }
@@ -150,7 +149,7 @@ export class VolumePush {
     const s = this.s;
     if (s.metadataChanged.size === 0) return undefined;
     const recorded = [...s.metadataChanged];
-    const base = await revParse(s.repo, UPSTREAM_METADATA);
+    const base = await s.repoRef(UPSTREAM_METADATA);
     const commit = await recordMetadata({
       gitDir: s.ctx.store.repoDir(s.ctx.source.url),
       cache: s.ctx.store.listings,
@@ -191,7 +190,7 @@ export class VolumePush {
   async pushMarker(ref: string): Promise<SyncOutcome> {
     const s = this.s;
     if (s.unpushed > 0) return { pushed: false, message: `${s.unpushed} commit(s) of the tree are not on the remote; ${ref} waits for the next flush` };
-    const head = await revParse(s.tree, "HEAD");
+    const head = await s.head();
     const result = await s.ctx.onRepository(() => s.remote((repo) => pushUpdates(repo, [{ ref, expected: "", next: head }])));
     if (result.outcome !== "pushed") return { pushed: false, message: `pushing ${ref} failed: ${result.message}` };
     s.log("info", `pushed ${ref} at ${head.slice(0, 12)}`, "mark_flushed");

@@ -5,6 +5,8 @@ import type { ClaimLabels, DriverMetrics } from "@git-csi/metrics";
 import type { gitcsi } from "@git-csi/protos";
 import type { SimpleGit } from "simple-git";
 import type { RemoteAccess } from "../remote/access";
+import { looseRef } from "../remote/loose";
+import { revParse } from "../remote/tree";
 import { authorEnv, type GitSetting } from "../remote/git";
 import type { MountLease } from "../lease/lease";
 import type { Fence, PushResult, RefChange } from "../remote/remote";
@@ -132,6 +134,18 @@ export class VolumeState {
 
   get treeDir(): string {
     return this.ctx.store.treeDir(this.ctx.volumeId);
+  }
+
+  /** The commit the tree's HEAD names, "" for none: from git's files where they settle it, on the way to every commit and push. */
+  async head(): Promise<string> {
+    const { store, source, volumeId } = this.ctx;
+    return (await looseRef({ gitDir: store.treeGitDir(source.url, volumeId), commonDir: store.repoDir(source.url) }, "HEAD")) ?? revParse(this.tree, "HEAD");
+  }
+
+  /** The commit a ref of the URL's bare repository names, "" for none, as head() reads it. */
+  async repoRef(ref: string): Promise<string> {
+    const dir = this.ctx.store.repoDir(this.ctx.source.url);
+    return (await looseRef({ gitDir: dir, commonDir: dir }, ref)) ?? revParse(this.repo, ref);
   }
 
   get volumeDir(): string {
