@@ -219,6 +219,7 @@ def check_render(path, service_monitor, sidecars, prometheus_rule, delete_fenced
             s = c["csi-snapshotter"]
             expect(s["image"].startswith("registry.k8s.io/sig-storage/csi-snapshotter:") and pinned(s["image"]), f"csi-snapshotter image is a pinned sig-storage image: {s['image']}")
             expect(arg(s, "--csi-address") == "/csi/csi.sock" and "--leader-election" in s["args"], "csi-snapshotter dials the controller's CSI socket and elects a leader")
+            expect("--extra-create-metadata" in s["args"], "csi-snapshotter sends the VolumeSnapshot's metadata a tag template names (--extra-create-metadata)")
         sec = dep["spec"]["template"]["spec"].get("securityContext", {})
         expect(sec.get("runAsNonRoot") is True, "controller pod runs as non-root")
 
