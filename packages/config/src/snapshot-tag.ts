@@ -22,7 +22,10 @@ export function snapshotTagOf(parameters: Record<string, string>): string | unde
   const tag = renderTemplate("tag", template, TAG_VARIABLES, parameters, "external-snapshotter");
   if (!isTagName(tag)) {
     const renders = tag === template ? "" : ` renders ${JSON.stringify(tag)}, which`;
-    throw new ProvisionError("tag", `${JSON.stringify(template)}${renders} is no tag name git accepts (refs/tags/<tag> by git check-ref-format's rules: no '..', '@{', spaces, control characters or any of ~^:?*[\\\\, no part starting with '.' or ending in '.lock')`);
+    throw new ProvisionError(
+      "tag",
+      `${JSON.stringify(template)}${renders} is no tag name git accepts (refs/tags/<tag> by git check-ref-format's rules: no '..', '@{', spaces, control characters or any of ~^:?*[\\\\, no part starting with '.' or ending in '.lock')`,
+    );
   }
   return `refs/tags/${tag}`;
 }
