@@ -256,8 +256,11 @@ async function madeTag(repo: SimpleGit, url: string, snapshotId: string, commit:
   return text.includes(`\nSnapshot: ${snapshotId}\n`) ? { ref: tag, expected: oid } : undefined;
 }
 
-function fetchTag(repo: SimpleGit, tag: string): Promise<string> {
-  return fetchRef(repo, tag, `${UPSTREAM_PREFIX}${tag.slice("refs/".length)}`);
+/** The tag's object as the remote holds it, "" when absent: fetchRef peels to the commit, and a deletion's compare-and-swap needs the tag object. */
+async function fetchTag(repo: SimpleGit, tag: string): Promise<string> {
+  const seen = `${UPSTREAM_PREFIX}${tag.slice("refs/".length)}`;
+  if ((await fetchRef(repo, tag, seen)) === "") return "";
+  return (await runGit(repo, ["rev-parse", "--verify", "--quiet", seen])).trim();
 }
 
 function fetchSnapshot(repo: SimpleGit, snapshotId: string): Promise<string> {
