@@ -119,7 +119,7 @@ def pinned(image):
     tag = image.rsplit(":", 1)[1] if ":" in image.rsplit("/", 1)[-1] else ""
     return tag not in ("", "latest")
 
-def check_render(path, service_monitor, sidecars, prometheus_rule, delete_fenced_pods=True, provisioner_secrets=False):
+def check_render(path, service_monitor, sidecars, prometheus_rule, delete_fenced_pods=True, provisioner_secrets=False, snapshots=False):
     docs = load(path)
     kinds = sorted(d["kind"] for d in docs)
     print(f"{len(docs)} manifests: {', '.join(kinds)}")
@@ -212,6 +212,14 @@ def check_render(path, service_monitor, sidecars, prometheus_rule, delete_fenced
                 expect(c[name]["image"].startswith("registry.k8s.io/sig-storage/") and pinned(c[name]["image"]), f"{name} image is a pinned sig-storage image: {c[name]['image']}")
         if "csi-provisioner" in c:
             expect("--extra-create-metadata" in c["csi-provisioner"]["args"], "csi-provisioner sends the claim's metadata a ref template names (--extra-create-metadata)")
+            sweep_off = "--snapshot-orphan-sweep-interval=0" in c["csi-provisioner"]["args"]
+            expect(sweep_off != snapshots, f"csi-provisioner sweeps snapshot finalizers only with snapshots ({snapshots})")
+        expect(("csi-snapshotter" in c) == snapshots, f"controller runs csi-snapshotter only with snapshots ({snapshots})")
+        if "csi-snapshotter" in c:
+            s = c["csi-snapshotter"]
+            expect(s["image"].startswith("registry.k8s.io/sig-storage/csi-snapshotter:") and pinned(s["image"]), f"csi-snapshotter image is a pinned sig-storage image: {s['image']}")
+            expect(arg(s, "--csi-address") == "/csi/csi.sock" and "--leader-election" in s["args"], "csi-snapshotter dials the controller's CSI socket and elects a leader")
+            expect("--extra-create-metadata" in s["args"], "csi-snapshotter sends the VolumeSnapshot's metadata a tag template names (--extra-create-metadata)")
         sec = dep["spec"]["template"]["spec"].get("securityContext", {})
         expect(sec.get("runAsNonRoot") is True, "controller pod runs as non-root")
 
@@ -234,6 +242,18 @@ def check_render(path, service_monitor, sidecars, prometheus_rule, delete_fenced
         secrets = [r for r in controller_role[0]["rules"] if "secrets" in r["resources"]]
         want = [{"apiGroups": [""], "resources": ["secrets"], "verbs": ["get"]}] if provisioner_secrets else []
         expect(secrets == want, f"controller role reads secrets (get alone) only with controller.provisionerSecrets ({provisioner_secrets})")
+        rules = controller_role[0]["rules"]
+        snapshot_rules = {res: set(r["verbs"]) for r in rules if "snapshot.storage.k8s.io" in r["apiGroups"] for res in r["resources"]}
+        want = {"volumesnapshots": {"get", "list", "watch", "update"}, "volumesnapshotcontents": {"get", "list", "watch", "update", "patch"},
+                "volumesnapshotcontents/status": {"update", "patch"}, "volumesnapshotclasses": {"get", "list", "watch"}} if snapshots else {}
+        expect(snapshot_rules == want, f"controller role's snapshot.storage.k8s.io rules are the provisioner's and the snapshotter's only with snapshots ({snapshots}): {snapshot_rules}")
+        expect(not any("groupsnapshot.storage.k8s.io" in r["apiGroups"] for r in rules), "controller role has no group snapshot rules")
+    classes = find(docs, "VolumeSnapshotClass")
+    if snapshots:
+        if expect(len(classes) == 1, "one VolumeSnapshotClass with snapshots"):
+            expect(classes[0].get("driver") == DRIVER and classes[0].get("deletionPolicy") == "Delete", f"the VolumeSnapshotClass is the driver's, deletionPolicy Delete: {classes[0]}")
+    else:
+        expect(not classes, "no VolumeSnapshotClass without snapshots")
     for r in roles.values():
         expect(not any("*" in rule.get("verbs", []) or "*" in rule.get("resources", []) for rule in r["rules"]), f"{r['metadata']['name']} uses no wildcard")
 
@@ -403,7 +423,7 @@ def check_examples():
 what = sys.argv[1]
 if what == "render":
     check_render(sys.argv[2], service_monitor=sys.argv[3] == "servicemonitor", sidecars=sys.argv[3] == "sidecars", prometheus_rule=sys.argv[3] == "prometheusrule",
-                 delete_fenced_pods=sys.argv[3] != "nodelete", provisioner_secrets=sys.argv[3] == "provisionersecrets")
+                 delete_fenced_pods=sys.argv[3] != "nodelete", provisioner_secrets=sys.argv[3] == "provisionersecrets", snapshots=sys.argv[3] == "snapshots")
 elif what == "rules":
     check_rules(sys.argv[2])
 elif what == "dashboard":
@@ -447,6 +467,13 @@ check "helm template (node.deleteFencedPods=false) renders neither the flag's tr
   --set node.deleteFencedPods=false
 check "helm template (controller.provisionerSecrets=true) grants the provisioner get on secrets and nothing more" template_ok "$WORK/provisionersecrets.yaml" provisionersecrets \
   --set controller.provisionerSecrets=true
+SNAPSHOT_API=(--api-versions snapshot.storage.k8s.io/v1/VolumeSnapshotClass)
+check "helm template (an API server with snapshot.storage.k8s.io/v1) runs csi-snapshotter, its RBAC and a VolumeSnapshotClass" template_ok "$WORK/snapshots-auto.yaml" snapshots \
+  "${SNAPSHOT_API[@]}"
+check "helm template (snapshots.enabled=true, no snapshot API known) runs csi-snapshotter" template_ok "$WORK/snapshots-on.yaml" snapshots \
+  --set snapshots.enabled=true
+check "helm template (snapshots.enabled=false beside snapshot.storage.k8s.io/v1) runs no csi-snapshotter" template_ok "$WORK/snapshots-off.yaml" default \
+  "${SNAPSHOT_API[@]}" --set snapshots.enabled=false
 check "helm template (PrometheusRule on) parses and has the PrometheusRule" template_ok "$WORK/rules-on.yaml" prometheusrule \
   --set metrics.prometheusRule.enabled=true --set metrics.prometheusRule.namespace=monitoring --set-string metrics.prometheusRule.labels.release=prometheus
 
@@ -493,6 +520,8 @@ check "values.schema.json rejects a registration it does not know" rejects "node
 check "values.schema.json rejects node.metricsPort=notanumber" rejects "node.metricsPort=notanumber" --set node.metricsPort=notanumber
 check "values.schema.json rejects an owner ref retention that is no Go duration (30d)" rejects "node.ownerRefRetention=30d" --set node.ownerRefRetention=30d
 check "values.schema.json rejects a node.deleteFencedPods that is no boolean" rejects "node.deleteFencedPods=yes" --set-string node.deleteFencedPods=yes
+check "values.schema.json rejects snapshots.enabled=maybe" rejects "snapshots.enabled=maybe" --set snapshots.enabled=maybe
+check "values.schema.json rejects a deletionPolicy Kubernetes does not know" rejects "deletionPolicy=Keep" --set snapshots.volumeSnapshotClass.deletionPolicy=Keep
 check "values.schema.json rejects an unknown value (node.metricPort)" rejects "node.metricPort=9000" --set node.metricPort=9000
 check "values.schema.json rejects a mount-owner update strategy it does not know" rejects "mountOwner.updateStrategy.type=Sometimes" --set mountOwner.updateStrategy.type=Sometimes
 # The driver's three images come from images.registry, the sidecars from their own.

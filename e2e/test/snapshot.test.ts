@@ -17,6 +17,8 @@ const TEMPLATE = "claims/${pvc.metadata.namespace}/${pvc.metadata.name}";
 const QUIET = { "push.quiesce": "1h", "push.maxLatency": "2h" };
 const FIRST = "homeassistant:\n";
 const SECRET = "token: first\n";
+/** What the external-snapshotter sends with --extra-create-metadata. */
+const SNAPSHOT_METADATA = { "csi.storage.k8s.io/volumesnapshot/namespace": "home", "csi.storage.k8s.io/volumesnapshot/name": "before-upgrade" };
 
 describe("snapshots, restores and clones", { timeout: 10 * T }, () => {
   let server: GitServer;
@@ -51,8 +53,8 @@ describe("snapshots, restores and clones", { timeout: 10 * T }, () => {
     return (await call(driver.controller.createVolume.bind(driver.controller), request, T)).volume!;
   };
 
-  const snapshot = async (name: string, sourceVolumeId: string): Promise<csi.Snapshot> =>
-    (await call(driver.controller.createSnapshot.bind(driver.controller), csi.CreateSnapshotRequest.fromPartial({ name, sourceVolumeId }), T)).snapshot!;
+  const snapshot = async (name: string, sourceVolumeId: string, parameters: Record<string, string> = {}): Promise<csi.Snapshot> =>
+    (await call(driver.controller.createSnapshot.bind(driver.controller), csi.CreateSnapshotRequest.fromPartial({ name, sourceVolumeId, parameters }), T)).snapshot!;
 
   const list = (request: Partial<csi.ListSnapshotsRequest>) => call(driver.controller.listSnapshots.bind(driver.controller), csi.ListSnapshotsRequest.fromPartial(request), T);
 
@@ -172,15 +174,19 @@ describe("snapshots, restores and clones", { timeout: 10 * T }, () => {
   });
 
   test("bad input names the field and changes neither the remote nor the records", async () => {
+    await server.git("config.git", "tag", "taken", "main");
     const before = await refs();
     await refused(snapshot("snap-x", "pv-nobody"), status.INVALID_ARGUMENT, "source_volume_id pv-nobody");
     await refused(snapshot("snap-1", "pv-restored"), status.ALREADY_EXISTS, "snapshot snap-1 exists already, of volume pv-src");
     await refused(snapshot("../x", "pv-src"), status.INVALID_ARGUMENT, "name");
     await refused(
-      call(driver.controller.createSnapshot.bind(driver.controller), csi.CreateSnapshotRequest.fromPartial({ name: "snap-tag", sourceVolumeId: "pv-src", parameters: { tag: "v1" } }), T),
+      call(driver.controller.createSnapshot.bind(driver.controller), csi.CreateSnapshotRequest.fromPartial({ name: "snap-x", sourceVolumeId: "pv-src", parameters: { color: "v1" } }), T),
       status.INVALID_ARGUMENT,
-      "parameters tag",
+      "parameters color",
     );
+    await refused(snapshot("snap-x", "pv-src", { tag: "s/${volumesnapshot.uid}", ...SNAPSHOT_METADATA }), status.INVALID_ARGUMENT, "parameters.tag");
+    await refused(snapshot("snap-x", "pv-src", { tag: "s/${volumesnapshot.name}" }), status.INVALID_ARGUMENT, ["parameters.tag", "--extra-create-metadata"]);
+    await refused(snapshot("snap-x", "pv-src", { tag: "taken" }), status.ALREADY_EXISTS, ["parameters.tag", "refs/tags/taken exists"]);
     await refused(create("pv-r1", claimParameters("r1"), { snapshot: { snapshotId: "snap-nope" } }), status.NOT_FOUND, "volume_content_source.snapshot snap-nope");
     await refused(create("pv-r2", claimParameters("r2"), { volume: { volumeId: "pv-nope" } }), status.NOT_FOUND, "volume_content_source.volume pv-nope");
     await refused(create("pv-r3", claimParameters("r3", { ref: "main" }), { snapshot: { snapshotId: "snap-1" } }), status.INVALID_ARGUMENT, ["volume_content_source", "parameters.ref"]);
@@ -200,5 +206,26 @@ describe("snapshots, restores and clones", { timeout: 10 * T }, () => {
     assert.ok(after["refs/git-csi/snapshots/snap-2"]);
     assert.equal(after["refs/heads/claims/home/restored"], restoredBranch);
     assert.deepEqual((await list({ snapshotId: "snap-1" })).entries, []);
+  });
+
+  test("a VolumeSnapshotClass's tag shows the snapshot as an annotated tag at the volume's commit; DeleteSnapshot deletes both, and never a tag a person moved", async () => {
+    const made = await snapshot("snap-tag", "pv-src", { tag: "snapshots/${volumesnapshot.namespace}/${volumesnapshot.name}", ...SNAPSHOT_METADATA });
+    assert.equal(made.readyToUse, true);
+    const tag = "refs/tags/snapshots/home/before-upgrade";
+    const ref = (await refs())["refs/git-csi/snapshots/snap-tag"]!;
+    assert.equal(await server.git("config.git", "cat-file", "-t", tag), "tag", "an annotated tag, which a forge lists with its message");
+    assert.equal(await server.git("config.git", "rev-parse", `${tag}^{commit}`), await server.git("config.git", "rev-parse", `${ref}^1`), "the tag names the volume's commit");
+    assert.match(await server.git("config.git", "cat-file", "-p", tag), /^tag snapshots\/home\/before-upgrade$[\s\S]*snapshot snap-tag of volume pv-src[\s\S]*^Snapshot: snap-tag$/m);
+    await deleteSnapshot("snap-tag");
+    const after = await refs();
+    assert.equal(after[tag], undefined, "the tag goes with the snapshot");
+    assert.equal(after["refs/git-csi/snapshots/snap-tag"], undefined);
+
+    await snapshot("snap-moved", "pv-src", { tag: "keep/${volumesnapshot.name}", ...SNAPSHOT_METADATA });
+    await server.git("config.git", "tag", "-f", "-a", "-m", "a person's release", "keep/before-upgrade", "main");
+    const moved = (await refs())["refs/tags/keep/before-upgrade"];
+    await deleteSnapshot("snap-moved");
+    assert.equal((await refs())["refs/tags/keep/before-upgrade"], moved, "a tag a person moved is theirs");
+    assert.equal((await refs())["refs/git-csi/snapshots/snap-moved"], undefined);
   });
 });

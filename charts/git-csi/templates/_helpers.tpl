@@ -87,3 +87,12 @@ capabilities:
 seccompProfile:
   type: RuntimeDefault
 {{- end }}
+
+{{/*
+"true" when the chart serves VolumeSnapshots (snapshots.enabled, or "auto"
+and the API server serves snapshot.storage.k8s.io/v1), else empty.
+*/}}
+{{- define "git-csi.snapshots" -}}
+{{- $enabled := toString .Values.snapshots.enabled -}}
+{{- if or (eq $enabled "true") (and (eq $enabled "auto") (.Capabilities.APIVersions.Has "snapshot.storage.k8s.io/v1/VolumeSnapshotClass")) -}}true{{- end -}}
+{{- end }}

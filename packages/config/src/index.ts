@@ -9,3 +9,4 @@ export * from "./url";
 export * from "./credential";
 export * from "./driver";
 export * from "./provision";
+export * from "./snapshot-tag";

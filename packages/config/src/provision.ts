@@ -77,25 +77,33 @@ export function namesClaim(template: string): boolean {
 }
 
 function renderRef(template: string, parameters: Record<string, string>, reader: boolean): string {
-  const unclosed = template.replace(/\$\{[^}]*\}/g, "").includes("${");
-  if (unclosed) throw new ProvisionError("ref", `${JSON.stringify(template)} opens a variable with \${ and never closes it`);
-  const ref = template.replace(/\$\{([^}]*)\}/g, (_, name: string) => {
-    const key = REF_VARIABLES[name];
-    if (key === undefined)
-      throw new ProvisionError(
-        "ref",
-        `${JSON.stringify(template)} names \${${name}}; a ref takes ${Object.keys(REF_VARIABLES)
-          .map((v) => `\${${v}}`)
-          .join(", ")}`,
-      );
-    const value = parameters[key];
-    if (!value) throw new ProvisionError("ref", `${JSON.stringify(template)} names \${${name}}, which the external-provisioner sends only with --extra-create-metadata (the chart sets it)`);
-    return value;
-  });
+  const ref = renderTemplate("ref", template, REF_VARIABLES, parameters, "external-provisioner");
   const problem = refProblem(ref, reader);
   if (problem !== undefined) {
     const renders = ref === template ? "" : ` renders ${JSON.stringify(ref)}, which`;
     throw new ProvisionError("ref", `${JSON.stringify(template)}${renders} ${problem}`);
   }
   return ref;
+}
+
+/**
+ * A parameter's `${...}` variables replaced by the sidecar's parameters
+ * (`variables`: each name's key), with a ProvisionError naming the field for
+ * an unclosed or unknown variable and for one the sidecar did not send.
+ */
+export function renderTemplate(field: string, template: string, variables: Record<string, string>, parameters: Record<string, string>, sidecar: string): string {
+  const unclosed = template.replace(/\$\{[^}]*\}/g, "").includes("${");
+  if (unclosed) throw new ProvisionError(field, `${JSON.stringify(template)} opens a variable with \${ and never closes it`);
+  return template.replace(/\$\{([^}]*)\}/g, (_, name: string) => {
+    const key = variables[name];
+    if (key === undefined) {
+      const known = Object.keys(variables)
+        .map((v) => `\${${v}}`)
+        .join(", ");
+      throw new ProvisionError(field, `${JSON.stringify(template)} names \${${name}}; a ${field} takes ${known}`);
+    }
+    const value = parameters[key];
+    if (!value) throw new ProvisionError(field, `${JSON.stringify(template)} names \${${name}}, which the ${sidecar} sends only with --extra-create-metadata (the chart sets it)`);
+    return value;
+  });
 }

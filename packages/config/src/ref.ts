@@ -21,6 +21,11 @@ export function isBranchName(name: string): boolean {
   return !name.startsWith("-") && name !== "HEAD" && isRefName(`refs/heads/${name}`);
 }
 
+/** A name that makes refs/tags/<name> a valid ref, and is no option. */
+export function isTagName(name: string): boolean {
+  return !name.startsWith("-") && isRefName(`refs/tags/${name}`);
+}
+
 /**
  * The branch a volume follows, from its `ref` attribute: `main` or
  * `refs/heads/main`. Undefined when the ref is not a branch git would accept,

@@ -1,4 +1,5 @@
 import { clearFlushRequest, type KubeConfig, requestFlush } from "@git-csi/k8s";
+import { ProvisionError, snapshotTagOf } from "@git-csi/config";
 import type { Logger } from "@git-csi/logging";
 import { status } from "@grpc/grpc-js";
 import { call, CsiError, csi, failedPrecondition, invalidArgument, type mountOwner, unary, unavailable } from "@git-csi/protos";
@@ -21,10 +22,9 @@ export function snapshotMethods(owner: mountOwner.MountOwnerClient, logger: Logg
       // The name becomes a ref component and a file name of the controller's records: the rules of a volume id hold.
       const name = volumeIdOf(request.name, "name");
       const sourceVolumeId = volumeIdOf(request.sourceVolumeId, "source_volume_id");
-      const unknown = Object.keys(request.parameters).filter((k) => !k.startsWith(SNAPSHOTTER_PREFIX));
-      if (unknown.length > 0) throw invalidArgument(`parameters ${unknown.join(", ")}: a VolumeSnapshotClass takes no parameters; a snapshot is always refs/git-csi/snapshots/<id>`);
+      const tag = tagOf(request.parameters);
       const credential = credentialFrom(request.secrets, "secrets");
-      const { snapshot, heldBy } = await call(owner.createSnapshot.bind(owner), { name, sourceVolumeId, credential }, TIMEOUT_MS);
+      const { snapshot, heldBy } = await call(owner.createSnapshot.bind(owner), { name, sourceVolumeId, credential, tag }, TIMEOUT_MS);
       const log = { volume: sourceVolumeId, snapshot: name, operation: "create_snapshot" };
       if (heldBy !== "") {
         await askFlush(kubeConfig, sourceVolumeId, name, heldBy);
@@ -47,6 +47,21 @@ export function snapshotMethods(owner: mountOwner.MountOwnerClient, logger: Logg
       return pageOf(snapshots.map(csiSnapshotOf), request.startingToken, request.maxEntries);
     }),
   };
+}
+
+/**
+ * The annotated tag a VolumeSnapshotClass asks for ("" for none): `tag` is
+ * its only parameter; the snapshotter's own keys pass.
+ */
+function tagOf(parameters: Record<string, string>): string {
+  const unknown = Object.keys(parameters).filter((k) => k !== "tag" && !k.startsWith(SNAPSHOTTER_PREFIX));
+  if (unknown.length > 0) throw invalidArgument(`parameters ${unknown.join(", ")}: a VolumeSnapshotClass takes only tag; a snapshot is always refs/git-csi/snapshots/<id>`);
+  try {
+    return snapshotTagOf(parameters) ?? "";
+  } catch (err) {
+    if (err instanceof ProvisionError) throw invalidArgument(err.message);
+    throw err;
+  }
 }
 
 /**

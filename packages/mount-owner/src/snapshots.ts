@@ -16,7 +16,7 @@ export async function createSnapshot(owner: Owner, request: mountOwner.CreateSna
     const recorded = await owner.state.snapshot(name);
     if (recorded) return { snapshot: sameSource(recorded, sourceVolumeId), heldBy: "" };
     const volume = await knownOr(owner, sourceVolumeId, () => invalidArgument(`source_volume_id ${sourceVolumeId}: the controller knows no such volume; a snapshot is of a volume it created`));
-    const { heldBy, ...made } = await owner.link.makeSnapshot(name, volume, request.credential);
+    const { heldBy, ...made } = await owner.link.makeSnapshot(name, volume, request.credential, request.tag);
     if (heldBy !== "") return { snapshot: undefined, heldBy };
     const snapshot: mountOwner.Snapshot = { snapshotId: name, sourceVolumeId, source: volume.source, ...made };
     await owner.state.recordSnapshot(snapshot);

@@ -191,8 +191,8 @@ export class WorkerLink {
   }
 
   /** CreateSnapshot's ref on the volume's remote; none, and held_by set, while a node holds the volume and has not flushed for it. */
-  makeSnapshot(snapshotId: string, volume: mountOwner.Volume, credential: gitcsi.Credential | undefined): Promise<gitWorker.MakeSnapshotResponse> {
-    const request = { snapshotId, volumeId: volume.volumeId, source: volume.source, credential };
+  makeSnapshot(snapshotId: string, volume: mountOwner.Volume, credential: gitcsi.Credential | undefined, tag: string): Promise<gitWorker.MakeSnapshotResponse> {
+    const request = { snapshotId, volumeId: volume.volumeId, source: volume.source, credential, tag };
     return call(this.worker.makeSnapshot.bind(this.worker), request, WORKER_TIMEOUT_MS);
   }
 

@@ -1,3 +1,6 @@
+import * as fs from "node:fs/promises";
+import * as os from "node:os";
+import * as path from "node:path";
 import { status } from "@grpc/grpc-js";
 import { defaultPolicy, METADATA_REF, sideBranchOf } from "@git-csi/config";
 import { alreadyExists, CsiError, failedPrecondition, type gitWorker, notFound, required, unavailable } from "@git-csi/protos";
@@ -5,11 +8,11 @@ import type { SimpleGit } from "simple-git";
 import { RecordError, parseRecord } from "../lease/ownership";
 import { branchTreeName } from "../metadata/format";
 import { converse, runGit } from "../remote/git";
-import { deleteRefs, fetchBranch, fetchMetadata, fetchOwner, fetchRef, pushUpdates, RemoteError, type RefUpdate } from "../remote/remote";
+import { deleteRefs, fetchBranch, fetchMetadata, fetchOwner, fetchRef, pushUpdates, type ReadRef, RemoteError, type RefUpdate } from "../remote/remote";
 import { revParse } from "../remote/tree";
 import type { GitWorkerDeps } from "../service";
 import { branchRequestOf, onRemote } from "./branches";
-import { branchOfRef, flushedRef, snapshotRef, upstreamFlushedRef, upstreamRef, upstreamSnapshotRef } from "./store";
+import { branchOfRef, flushedRef, snapshotRef, UPSTREAM_PREFIX, upstreamFlushedRef, upstreamRef, upstreamSnapshotRef } from "./store";
 
 /** A volume's content at one moment: the commit the remote holds for it, and the metadata commit that lists its modes, owners and empty directories. */
 export interface VolumePoint {
@@ -41,8 +44,9 @@ export async function makeSnapshot(deps: GitWorkerDeps, request: gitWorker.MakeS
     if (existing !== "") return describeSnapshot(repo, snapshotId, existing, volumeId);
     const point = await volumePoint(repo, source.url, volumeId, branch, snapshotId);
     if ("heldBy" in point) return { commit: "", dataCommit: "", sizeBytes: 0, creationTimeUnixMs: 0, heldBy: point.heldBy };
-    const commit = await snapshotCommit(repo, snapshotId, volumeId, point);
-    const pushed = await pushUpdates(repo, [{ ref: snapshotRef(snapshotId), expected: "", next: commit }, ...markerDeletion(point)]);
+    const tag = request.tag === "" ? undefined : await tagUpdate(repo, source.url, request.tag, snapshotId, volumeId, point);
+    const commit = await snapshotCommit(repo, snapshotId, volumeId, point, tag?.ref);
+    const pushed = await pushUpdates(repo, [{ ref: snapshotRef(snapshotId), expected: "", next: commit }, ...(tag ? [tag] : []), ...markerDeletion(point)]);
     if (pushed.outcome !== "pushed") {
       const raced = pushed.outcome === "rejected" ? await onUrl(source.url, fetchSnapshot(repo, snapshotId)) : "";
       if (raced !== "") return describeSnapshot(repo, snapshotId, raced, volumeId);
@@ -53,15 +57,20 @@ export async function makeSnapshot(deps: GitWorkerDeps, request: gitWorker.MakeS
   });
 }
 
-/** RemoveSnapshot: the ref goes, a compare-and-swap from what the fetch saw; an absent one is no error. */
+/**
+ * RemoveSnapshot: the ref goes, a compare-and-swap from what the fetch saw,
+ * and its tag with it while the tag is still the one the snapshot made; an
+ * absent one is no error.
+ */
 export async function removeSnapshot(deps: GitWorkerDeps, request: gitWorker.RemoveSnapshotRequest): Promise<gitWorker.RemoveSnapshotResponse> {
   const snapshotId = required(request.snapshotId, "snapshot_id");
   const source = required(request.source, "source");
   return onRemote(deps, `snapshot-${snapshotId}`, source, request.credential, async (repo) => {
     const expected = await onUrl(source.url, fetchSnapshot(repo, snapshotId));
     if (expected === "") return { deleted: false };
-    const { kept } = await onUrl(source.url, deleteRefs(repo, [{ ref: snapshotRef(snapshotId), expected }]));
-    if (kept.length > 0) throw new CsiError(status.ABORTED, `${snapshotRef(snapshotId)} moved in ${source.url} while it was deleted; DeleteSnapshot is retried`);
+    const tag = await madeTag(repo, source.url, snapshotId, expected);
+    const { kept } = await onUrl(source.url, deleteRefs(repo, [{ ref: snapshotRef(snapshotId), expected }, ...(tag ? [tag] : [])]));
+    if (kept.includes(snapshotRef(snapshotId))) throw new CsiError(status.ABORTED, `${snapshotRef(snapshotId)} moved in ${source.url} while it was deleted; DeleteSnapshot is retried`);
     deps.logger.info(`deleted ${snapshotRef(snapshotId)}`, { snapshot: snapshotId, operation: "delete_snapshot" });
     return { deleted: true };
   });
@@ -142,7 +151,7 @@ async function volumePoint(repo: SimpleGit, url: string, volumeId: string, branc
 }
 
 /** The snapshot's commit: the volume's tree, so a person checks it out as it was; its trailers say what it holds. */
-async function snapshotCommit(repo: SimpleGit, snapshotId: string, volumeId: string, point: VolumePoint): Promise<string> {
+async function snapshotCommit(repo: SimpleGit, snapshotId: string, volumeId: string, point: VolumePoint, tag: string | undefined): Promise<string> {
   const tree = (await runGit(repo, ["rev-parse", `${point.data}^{tree}`])).trim();
   const message = [
     `git.liken.sh: snapshot ${snapshotId} of volume ${volumeId} at ${new Date().toISOString()}`,
@@ -152,6 +161,7 @@ async function snapshotCommit(repo: SimpleGit, snapshotId: string, volumeId: str
     `Branch: ${point.branch}`,
     `Data: ${point.data}`,
     `Metadata: ${point.metadata || "none"}`,
+    ...(tag ? [`Tag: ${tag}`] : []),
   ].join("\n");
   return commitTree(repo, tree, point.metadata === "" ? [point.data] : [point.data, point.metadata], message);
 }
@@ -196,6 +206,61 @@ async function treeSize(repo: SimpleGit, commit: string): Promise<number> {
     .map((line) => Number(line.split(/\s+/)[3]))
     .filter((n) => Number.isFinite(n))
     .reduce((a, b) => a + b, 0);
+}
+
+/**
+ * The annotated tag a VolumeSnapshotClass asks for, at the volume's commit,
+ * as a push from "absent": a tag that exists already is someone's, never
+ * moved, and the snapshot is refused with AlreadyExists naming it.
+ */
+async function tagUpdate(repo: SimpleGit, url: string, tag: string, snapshotId: string, volumeId: string, point: VolumePoint): Promise<RefUpdate> {
+  if ((await onUrl(url, fetchTag(repo, tag))) !== "") throw alreadyExists(`parameters.tag: ${tag} exists in ${url} already; a snapshot's tag is a new one, and an existing tag is never moved`);
+  const { name, email } = defaultPolicy().author;
+  const body = [
+    `object ${point.data}`,
+    "type commit",
+    `tag ${tag.slice("refs/tags/".length)}`,
+    `tagger ${name} <${email}> ${Math.floor(Date.now() / 1000)} +0000`,
+    "",
+    `git.liken.sh: snapshot ${snapshotId} of volume ${volumeId}`,
+    "",
+    `Snapshot: ${snapshotId}`,
+    `Volume: ${volumeId}`,
+    "",
+  ].join("\n");
+  return { ref: tag, expected: "", next: await writeObject(repo, "tag", body) };
+}
+
+/** An object written into the repository from its text: hash-object reads a file, and checks a tag's format. */
+async function writeObject(repo: SimpleGit, type: string, body: string): Promise<string> {
+  const dir = await fs.mkdtemp(path.join(os.tmpdir(), "git-csi-object-"));
+  try {
+    await fs.writeFile(path.join(dir, type), body);
+    return (await runGit(repo, ["hash-object", "-t", type, "-w", path.join(dir, type)])).trim();
+  } finally {
+    await fs.rm(dir, { recursive: true, force: true });
+  }
+}
+
+/**
+ * The tag the snapshot made, as the remote holds it now, for its deletion;
+ * none when the snapshot made none, or when the tag is gone or is another
+ * object now (a person moved it: it is theirs).
+ */
+async function madeTag(repo: SimpleGit, url: string, snapshotId: string, commit: string): Promise<ReadRef | undefined> {
+  const tag = /^Tag: (.+)$/m.exec(await snapshotMessage(repo, commit))?.[1];
+  if (tag === undefined) return undefined;
+  const oid = await onUrl(url, fetchTag(repo, tag));
+  if (oid === "") return undefined;
+  const text = await runGit(repo, ["cat-file", "-p", oid]);
+  return text.includes(`\nSnapshot: ${snapshotId}\n`) ? { ref: tag, expected: oid } : undefined;
+}
+
+/** The tag's object as the remote holds it, "" when absent: fetchRef peels to the commit, and a deletion's compare-and-swap needs the tag object. */
+async function fetchTag(repo: SimpleGit, tag: string): Promise<string> {
+  const seen = `${UPSTREAM_PREFIX}${tag.slice("refs/".length)}`;
+  if ((await fetchRef(repo, tag, seen)) === "") return "";
+  return (await runGit(repo, ["rev-parse", "--verify", "--quiet", seen])).trim();
 }
 
 function fetchSnapshot(repo: SimpleGit, snapshotId: string): Promise<string> {
