@@ -8,7 +8,7 @@ import { createLogger } from "@git-csi/logging";
 import type { CollectionPolicy } from "../src/trees/collect-remote";
 import { collectGarbage, removeTree } from "../src/trees/gc";
 import { MountLease, type OnRemote, OwnerWatch } from "../src/lease/lease";
-import { checkoutReader, readerMetadataRef, readerRef, releaseReader } from "../src/trees/reader";
+import { checkoutReader, readerKeyOfSource, readerMetadataRef, readerRef, releaseReader } from "../src/trees/reader";
 import type { OwnerRecord } from "../src/lease/ownership";
 import { stagingRef } from "../src/remote/remote";
 import { volumeBranchRef } from "../src/trees/stage";
@@ -297,20 +297,21 @@ test("a read-only volume's view of its ref and its repository stay through the c
   // The forge holds a metadata ref, which a reader of a branch fetches with it.
   remote.git("update-ref", METADATA_REF, remote.git("rev-parse", "main"));
   const source = { url: remote.url, ref: "main" };
-  const { commit } = await checkoutReader(deps, { volumeId: "pvc-reader", source, serving: "", pods: [] });
+  const { commit } = await checkoutReader(deps, { volumeId: "pvc-reader", source, serving: "", pods: [], sharing: [] });
+  const key = readerKeyOfSource(source);
   const repo = deps.store.repo(remote.url);
   const collectOnce = () => collectGarbage(deps.store, logger, (_repoDir, work) => work(), { reach: () => undefined, ownerRefRetentionMs: HOUR, watch: new OwnerWatch() });
 
   // No writer's tree follows the repository: only the reader's checkout does.
   await collectOnce();
-  assert.equal(await revParse(repo, readerRef("pvc-reader")), commit, "the reader's view stays, so its next fetch is incremental");
-  assert.equal(await revParse(repo, readerMetadataRef("pvc-reader")), commit, "so does its view of the metadata");
+  assert.equal(await revParse(repo, readerRef(key)), commit, "the reader's view stays, so its next fetch is incremental");
+  assert.equal(await revParse(repo, readerMetadataRef(key)), commit, "so does its view of the metadata");
   assert.ok(
     lines.some((l) => l.operation === "gc" && l.readerViews === 2),
     "the collection counted the reader's views",
   );
 
-  await releaseReader(deps, { volumeId: "pvc-reader", source });
+  await releaseReader(deps, { volumeId: "pvc-reader", source, last: true });
   await collectOnce();
   assert.equal(await exists(deps.store.repoDir(remote.url)), false, "the repository no volume follows goes");
 });
