@@ -289,7 +289,7 @@ test("a kept tree no stage serves sends the commits its remote lacks to a strand
   assert.equal(await revParse(a.store.repo(a.remote.url), volumeBranchRef("pvc-kept")), head);
 });
 
-test("a read-only volume's view of its ref and its repository stay through the collection while it is staged, and go once it is released", async (t: TestContext) => {
+test("the view of a ref read-only volumes serve and its repository stay through the collection while one of them is staged, and go once the last is released", async (t: TestContext) => {
   const remote = await servedRemote(t);
   const stateDir = await tempDir(t, "reader-node");
   const { logger, lines } = quietLogger();
@@ -297,7 +297,11 @@ test("a read-only volume's view of its ref and its repository stay through the c
   // The forge holds a metadata ref, which a reader of a branch fetches with it.
   remote.git("update-ref", METADATA_REF, remote.git("rev-parse", "main"));
   const source = { url: remote.url, ref: "main" };
-  const { commit } = await checkoutReader(deps, { volumeId: "pvc-reader", source, serving: "", pods: [], sharing: [] });
+  const first = await checkoutReader(deps, { volumeId: "pvc-reader", source, serving: "", pods: [], sharing: [] });
+  // A second volume of the same URL and ref, the branch written in full: one checkout serves both.
+  const sharing = [{ volumeId: "pvc-reader", pods: [], serving: first.treePath }];
+  const { commit, treePath } = await checkoutReader(deps, { volumeId: "pvc-reader-2", source: { ...source, ref: "refs/heads/main" }, serving: "", pods: [], sharing });
+  assert.equal(treePath, first.treePath);
   const key = readerKeyOfSource(source);
   const repo = deps.store.repo(remote.url);
   const collectOnce = () => collectGarbage(deps.store, logger, (_repoDir, work) => work(), { reach: () => undefined, ownerRefRetentionMs: HOUR, watch: new OwnerWatch() });
@@ -311,7 +315,12 @@ test("a read-only volume's view of its ref and its repository stay through the c
     "the collection counted the reader's views",
   );
 
-  await releaseReader(deps, { volumeId: "pvc-reader", source, last: true });
+  await releaseReader(deps, { volumeId: "pvc-reader", source, last: false });
+  await collectOnce();
+  assert.equal(await revParse(repo, readerRef(key)), commit, "the view stays while a volume of the ref is staged");
+  assert.ok(await exists(treePath), "so does the checkout it serves");
+  await releaseReader(deps, { volumeId: "pvc-reader-2", source, last: true });
+  assert.equal(await exists(treePath), false, "the last volume's release takes the checkout");
   await collectOnce();
   assert.equal(await exists(deps.store.repoDir(remote.url)), false, "the repository no volume follows goes");
 });
