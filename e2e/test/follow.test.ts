@@ -276,15 +276,6 @@ describe("following: a read-only volume serves each new commit of its ref, switc
       assert.equal((await report(node, volumeId)).servedCommit, commit, volumeId);
       assert.match(await metricsText(node), new RegExp(`git_csi_served_commit\\{[^}]*claim="${volumeId}",commit="${commit}"\\} 1`));
     }
-    const readers = path.join(node.stateDir, "readers");
-    /** The checked-out commits on the node, of every URL and ref. */
-    const checkouts = async () => {
-      const names = await Promise.all((await fs.readdir(readers)).map((key) => fs.readdir(path.join(readers, key))));
-      return names.flat().filter((name) => !name.startsWith("."));
-    };
-    // The commit served before goes at the next fetch; then one directory serves both volumes.
-    await waitFor("one checkout directory for the URL and ref", async () => (await checkouts()).join() === commit, 5000);
-
     // A day at follow.interval 1h is 24 fetches: run at the class's shortest interval, 1s, on the real clock.
     const refs = await remoteRefs(server, shared);
     const INTERVALS = 24;
@@ -296,6 +287,15 @@ describe("following: a read-only volume serves each new commit of its ref, switc
     // Each volume fetching on its own counts them in two thirds of the time; following at the longer interval, in twice the time.
     assert.ok(elapsed >= (INTERVALS - 1) * INTERVAL_MS, `${INTERVALS} fetches in ${elapsed} ms: more than one per interval`);
     assert.ok(elapsed < INTERVALS * 1.75 * INTERVAL_MS, `${INTERVALS} fetches took ${elapsed} ms: the group does not follow at its shortest interval`);
+    const readers = path.join(node.stateDir, "readers");
+    /** The checked-out commits on the node, of every URL and ref. */
+    const checkouts = async () => {
+      const names = await Promise.all((await fs.readdir(readers)).map((key) => fs.readdir(path.join(readers, key))));
+      return names.flat().filter((name) => !name.startsWith("."));
+    };
+    // The commit served before went at the next fetch: one directory serves both volumes.
+    assert.deepEqual(await checkouts(), [commit], "one checkout directory for the URL and ref");
+
     assert.equal(await remoteRefs(server, shared), refs, "the remote's refs changed");
     assert.doesNotMatch(refs, /refs\/git-csi\//);
     assert.deepEqual(await pushes(), [], "a reader tried to push");
