@@ -5,22 +5,8 @@ import { after, before, describe, test } from "node:test";
 import { setTimeout as sleep } from "node:timers/promises";
 import { status } from "@grpc/grpc-js";
 import { call, csi } from "@git-csi/protos";
-import {
-  type Driver,
-  freePort,
-  metricsText,
-  metricValue,
-  publish,
-  type PublishedVolume,
-  refused,
-  report,
-  run,
-  setVolumeClass,
-  stageAndPublish,
-  startDriver,
-  unpublishAndUnstage,
-  waitFor,
-} from "../src/driver";
+import { type Driver, freePort, metricsText, metricValue, type PublishedVolume, refused, report, run, setVolumeClass, stageAndPublish, startDriver, unpublishAndUnstage, waitFor } from "../src/driver";
+import { publish } from "../src/driver";
 import { type GitDaemon, type GitServer, fetchOnly, startGitDaemon } from "../src/git-server";
 
 const READER = csi.VolumeCapability_AccessMode_Mode.MULTI_NODE_READER_ONLY;
