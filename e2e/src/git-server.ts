@@ -253,15 +253,24 @@ export function bareRepoOps(baseDir: string, workDir: string): BareRepoOps {
 export interface GitDaemon extends GitServer {
   down(): Promise<void>;
   up(): Promise<void>;
+  /** How many fetches (upload-pack requests) of the repository the daemon served; with `countFetches` only. */
+  fetches(repo: string): Promise<number>;
 }
 
-export async function startGitDaemon(): Promise<GitDaemon> {
+export interface GitDaemonOptions {
+  /** Log each request in an access hook, as a forge counts them: a process more per request, so only for tests that count. */
+  countFetches?: boolean;
+}
+
+export async function startGitDaemon(options: GitDaemonOptions = {}): Promise<GitDaemon> {
   const tmpRoot = await mkdtemp(path.join(os.tmpdir(), "git-csi-gitd-"));
   const baseDir = path.join(tmpRoot, "repos");
   const workDir = path.join(tmpRoot, "work");
   await mkdir(baseDir);
   await mkdir(workDir);
-  const daemon = new DaemonProcess(baseDir);
+  const requests = path.join(tmpRoot, "requests.log");
+  const accessHook = options.countFetches ? await requestLogHook(tmpRoot, requests) : undefined;
+  const daemon = new DaemonProcess(baseDir, accessHook);
   const onExit = () => daemon.killGroup("SIGKILL");
   process.once("exit", onExit);
   try {
@@ -287,6 +296,11 @@ export async function startGitDaemon(): Promise<GitDaemon> {
       return `git://127.0.0.1:${port}/${repo}`;
     },
     down: () => daemon.halt(),
+    async fetches(repo) {
+      if (!accessHook) throw new Error("the daemon counts fetches only when started with countFetches");
+      const lines = (await readFile(requests, "utf8")).split("\n");
+      return lines.filter((line) => line === `upload-pack ${path.join(baseDir, repo)}`).length;
+    },
     async up() {
       if (!(await daemon.launch())) throw new Error(`git daemon did not come back on 127.0.0.1:${port}: ${daemon.stderrTail.trim()}`);
     },
@@ -300,6 +314,14 @@ export async function startGitDaemon(): Promise<GitDaemon> {
   };
 }
 
+/** git daemon's --access-hook, run before each request it serves: it logs the service and the repository's directory, and allows the request. */
+async function requestLogHook(dir: string, log: string): Promise<string> {
+  const hook = path.join(dir, "access-hook");
+  await writeFile(log, "");
+  await writeFile(hook, `#!/bin/sh\necho "$1 $2" >> '${log}'\n`, { mode: 0o755 });
+  return hook;
+}
+
 /** One `git daemon` on a fixed port, which the tests stop and start again (down, up). */
 class DaemonProcess {
   port = 0;
@@ -307,7 +329,10 @@ class DaemonProcess {
   private child?: ChildProcess;
   private exited = false;
 
-  constructor(private readonly baseDir: string) {}
+  constructor(
+    private readonly baseDir: string,
+    private readonly accessHook?: string,
+  ) {}
 
   killGroup(sig: NodeJS.Signals): void {
     if (this.child?.pid === undefined || this.exited) return;
@@ -324,7 +349,19 @@ class DaemonProcess {
     this.stderrTail = "";
     const child = spawn(
       "git",
-      ["daemon", "--listen=127.0.0.1", `--port=${this.port}`, "--export-all", "--enable=receive-pack", `--base-path=${this.baseDir}`, "--reuseaddr", "--informative-errors", "--verbose", this.baseDir],
+      [
+        "daemon",
+        "--listen=127.0.0.1",
+        `--port=${this.port}`,
+        "--export-all",
+        "--enable=receive-pack",
+        `--base-path=${this.baseDir}`,
+        "--reuseaddr",
+        "--informative-errors",
+        "--verbose",
+        ...(this.accessHook ? [`--access-hook=${this.accessHook}`] : []),
+        this.baseDir,
+      ],
       { env: gitEnv(), stdio: ["ignore", "ignore", "pipe"], detached: true },
     );
     this.child = child;

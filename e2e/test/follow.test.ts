@@ -6,7 +6,8 @@ import { setTimeout as sleep } from "node:timers/promises";
 import { status } from "@grpc/grpc-js";
 import { call, csi } from "@git-csi/protos";
 import { type Driver, freePort, metricsText, metricValue, type PublishedVolume, refused, report, run, setVolumeClass, stageAndPublish, startDriver, unpublishAndUnstage, waitFor } from "../src/driver";
-import { type GitServer, fetchOnly, startGitDaemon } from "../src/git-server";
+import { publish } from "../src/driver";
+import { type GitDaemon, type GitServer, fetchOnly, startGitDaemon } from "../src/git-server";
 
 const READER = csi.VolumeCapability_AccessMode_Mode.MULTI_NODE_READER_ONLY;
 const CLI = path.join(__dirname, "..", "..", "..", "packages", "cli", "dist", "src", "main.js");
@@ -113,11 +114,11 @@ describe("following: a read-only volume serves each new commit of its ref, switc
   const repo = "site.git";
   const INTERVAL_MS = 1000;
   const COMMITS = 200;
-  let server: GitServer;
+  let server: GitDaemon;
   let driver: Driver | undefined;
 
   before(async () => {
-    server = await startGitDaemon();
+    server = await startGitDaemon({ countFetches: true });
     await server.createRepo(repo, { files: { "a.txt": content(0, "a"), "b.txt": content(0, "b") } });
     driver = await startDriver({ nodeId: "follower", metricsPort: await freePort() });
   });
@@ -233,5 +234,63 @@ describe("following: a read-only volume serves each new commit of its ref, switc
     await server.commitFiles(repo, { "a.txt": content(next, "a"), "b.txt": content(next, "b") }, { message: `commit ${next}` });
     await waitFor("the new commit served after the restart", async () => commitOf(await fs.readFile(file, "utf8"), "a") === next);
     await unpublishAndUnstage(node, volume);
+  });
+
+  test("fifty pods of one follower and a second volume of its URL and ref cost one fetch per interval and one checkout; with a read-only key, a day of hourly intervals leaves the remote's refs as they were", async () => {
+    const node = driver!;
+    const shared = "rules.git";
+    const initial = await server.createRepo(shared, { files: { "a.txt": content(0, "a"), "b.txt": content(0, "b") } });
+    const pushes = await fetchOnly(server, shared);
+    const url = server.url(shared);
+    const first = await stageAndPublish(node, readerVolume("shared-a", url), READER, "shared-a-0");
+    const pods = [first];
+    for (let i = 1; i < 50; i++) {
+      pods.push({ ...first, targetPath: path.join(node.dir, "pods", `shared-a-${i}`, "volume") });
+      await publish(node, pods[i]!, {}, READER);
+    }
+    // The same branch written the other way: one URL and ref.
+    const second = await stageAndPublish(node, { ...readerVolume("shared-b", url), volumeContext: { url, ref: "refs/heads/main" } }, READER, "shared-b");
+    pods.push(second);
+    // The group follows at the shorter interval of the two.
+    await setVolumeClass(node, "shared-a", { "follow.interval": "1s" });
+    await setVolumeClass(node, "shared-b", { "follow.interval": "2s" });
+    const commit = await server.commitFiles(shared, { "a.txt": content(1, "a"), "b.txt": content(1, "b") }, { message: "commit 1" });
+    const served = async () => (await Promise.all(pods.map((p) => fs.readFile(path.join(p.targetPath, "a.txt"), "utf8")))).every((t) => commitOf(t, "a") === 1);
+    await waitFor("every pod of both volumes serves the new commit", served);
+    for (const volumeId of ["shared-a", "shared-b"]) {
+      await waitFor(`GitVolumeUpdated on ${volumeId}`, async () => logged(node, '"reason":"GitVolumeUpdated"', `"volume":"${volumeId}"`));
+      assert.equal((await report(node, volumeId)).servedCommit, commit, volumeId);
+      assert.match(await metricsText(node), new RegExp(`git_csi_served_commit\\{[^}]*claim="${volumeId}",commit="${commit}"\\} 1`));
+    }
+    // A day at follow.interval 1h is 24 fetches: run at the class's shortest interval, 1s, on the real clock.
+    const refs = await remoteRefs(server, shared);
+    const INTERVALS = 24;
+    const counted = await server.fetches(shared);
+    const start = Date.now();
+    await waitFor(`${INTERVALS} fetches at the remote`, async () => (await server.fetches(shared)) - counted >= INTERVALS, 60_000);
+    const elapsed = Date.now() - start;
+    console.log(`follow: ${INTERVALS} fetches of one URL and ref for ${pods.length} pods of two volumes took ${elapsed} ms (interval ${INTERVAL_MS} ms)`);
+    // Each volume fetching on its own counts them in two thirds of the time; following at the longer interval, in twice the time.
+    assert.ok(elapsed >= (INTERVALS - 1) * INTERVAL_MS, `${INTERVALS} fetches in ${elapsed} ms: more than one per interval`);
+    assert.ok(elapsed < INTERVALS * 1.75 * INTERVAL_MS, `${INTERVALS} fetches took ${elapsed} ms: the group does not follow at its shortest interval`);
+    const readers = path.join(node.stateDir, "readers");
+    /** The checkouts of this repository's commits on the node, whatever directory holds them: another test's may be left. */
+    const checkouts = async () => {
+      const names = await Promise.all((await fs.readdir(readers)).map((key) => fs.readdir(path.join(readers, key))));
+      return names.flat().filter((name) => name === initial || name === commit);
+    };
+    // The commit served before went at the next fetch: one directory serves both volumes.
+    assert.deepEqual(await checkouts(), [commit], "one checkout directory for the URL and ref");
+
+    assert.equal(await remoteRefs(server, shared), refs, "the remote's refs changed");
+    assert.doesNotMatch(refs, /refs\/git-csi\//);
+    assert.deepEqual(await pushes(), [], "a reader tried to push");
+
+    // The checkout stays while a volume of the URL and ref is staged, and goes with the last.
+    for (const pod of pods.slice(1, 50)) await call(node.node.nodeUnpublishVolume.bind(node.node), { volumeId: pod.volumeId, targetPath: pod.targetPath }, 60_000);
+    await unpublishAndUnstage(node, first);
+    assert.equal(commitOf(await fs.readFile(path.join(second.targetPath, "a.txt"), "utf8"), "a"), 1);
+    await unpublishAndUnstage(node, second);
+    assert.deepEqual(await checkouts(), [], "the last volume's unstage removes the checkout");
   });
 });

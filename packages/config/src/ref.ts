@@ -1,3 +1,5 @@
+import { createHash } from "node:crypto";
+
 /**
  * Characters no ref may hold, from git's refname_disposition: control
  * characters, space, DEL, `~ ^ : ? [ \` and `*` (a refspec pattern).
@@ -56,6 +58,19 @@ export function readerRefOf(ref: string): ReaderRef | undefined {
   if (ref.startsWith("refs/tags/")) return isRefName(ref) ? { kind: "tag", tag: ref.slice("refs/tags/".length) } : undefined;
   const branch = branchOf(ref);
   return branch === undefined ? undefined : { kind: "branch", branch };
+}
+
+/**
+ * The node's name for the read-only volumes of one URL and ref, however the
+ * ref is written (`main` and `refs/heads/main` are one branch): they share
+ * one view of the ref, one checkout per commit and one fetch per interval.
+ * A hash, so that it is one path segment and one ref name part.
+ */
+export function readerKeyOf(url: string, ref: string): string | undefined {
+  const target = readerRefOf(ref);
+  if (target === undefined) return undefined;
+  const name = target.kind === "branch" ? `refs/heads/${target.branch}` : target.kind === "tag" ? `refs/tags/${target.tag}` : target.commit;
+  return createHash("sha256").update(`${url}\n${name}`).digest("hex").slice(0, 32);
 }
 
 export const READER_REF_RULE =

@@ -8,7 +8,7 @@ import { createLogger } from "@git-csi/logging";
 import type { CollectionPolicy } from "../src/trees/collect-remote";
 import { collectGarbage, removeTree } from "../src/trees/gc";
 import { MountLease, type OnRemote, OwnerWatch } from "../src/lease/lease";
-import { checkoutReader, readerMetadataRef, readerRef, releaseReader } from "../src/trees/reader";
+import { checkoutReader, readerKeyOfSource, readerMetadataRef, readerRef, releaseReader } from "../src/trees/reader";
 import type { OwnerRecord } from "../src/lease/ownership";
 import { stagingRef } from "../src/remote/remote";
 import { volumeBranchRef } from "../src/trees/stage";
@@ -289,7 +289,7 @@ test("a kept tree no stage serves sends the commits its remote lacks to a strand
   assert.equal(await revParse(a.store.repo(a.remote.url), volumeBranchRef("pvc-kept")), head);
 });
 
-test("a read-only volume's view of its ref and its repository stay through the collection while it is staged, and go once it is released", async (t: TestContext) => {
+test("the view of a ref read-only volumes serve and its repository stay through the collection while one of them is staged, and go once the last is released", async (t: TestContext) => {
   const remote = await servedRemote(t);
   const stateDir = await tempDir(t, "reader-node");
   const { logger, lines } = quietLogger();
@@ -297,20 +297,30 @@ test("a read-only volume's view of its ref and its repository stay through the c
   // The forge holds a metadata ref, which a reader of a branch fetches with it.
   remote.git("update-ref", METADATA_REF, remote.git("rev-parse", "main"));
   const source = { url: remote.url, ref: "main" };
-  const { commit } = await checkoutReader(deps, { volumeId: "pvc-reader", source, serving: "", pods: [] });
+  const first = await checkoutReader(deps, { volumeId: "pvc-reader", source, serving: "", pods: [], sharing: [] });
+  // A second volume of the same URL and ref, the branch written in full: one checkout serves both.
+  const sharing = [{ volumeId: "pvc-reader", pods: [], serving: first.treePath }];
+  const { commit, treePath } = await checkoutReader(deps, { volumeId: "pvc-reader-2", source: { ...source, ref: "refs/heads/main" }, serving: "", pods: [], sharing });
+  assert.equal(treePath, first.treePath);
+  const key = readerKeyOfSource(source);
   const repo = deps.store.repo(remote.url);
   const collectOnce = () => collectGarbage(deps.store, logger, (_repoDir, work) => work(), { reach: () => undefined, ownerRefRetentionMs: HOUR, watch: new OwnerWatch() });
 
   // No writer's tree follows the repository: only the reader's checkout does.
   await collectOnce();
-  assert.equal(await revParse(repo, readerRef("pvc-reader")), commit, "the reader's view stays, so its next fetch is incremental");
-  assert.equal(await revParse(repo, readerMetadataRef("pvc-reader")), commit, "so does its view of the metadata");
+  assert.equal(await revParse(repo, readerRef(key)), commit, "the reader's view stays, so its next fetch is incremental");
+  assert.equal(await revParse(repo, readerMetadataRef(key)), commit, "so does its view of the metadata");
   assert.ok(
     lines.some((l) => l.operation === "gc" && l.readerViews === 2),
     "the collection counted the reader's views",
   );
 
-  await releaseReader(deps, { volumeId: "pvc-reader", source });
+  await releaseReader(deps, { volumeId: "pvc-reader", source, last: false });
+  await collectOnce();
+  assert.equal(await revParse(repo, readerRef(key)), commit, "the view stays while a volume of the ref is staged");
+  assert.ok(await exists(treePath), "so does the checkout it serves");
+  await releaseReader(deps, { volumeId: "pvc-reader-2", source, last: true });
+  assert.equal(await exists(treePath), false, "the last volume's release takes the checkout");
   await collectOnce();
   assert.equal(await exists(deps.store.repoDir(remote.url)), false, "the repository no volume follows goes");
 });

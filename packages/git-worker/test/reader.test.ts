@@ -42,7 +42,7 @@ test("a reader's checkout of a branch takes the modes, owners and empty director
     { name: "empty", type: "dir", mode: 0o750, uid: 1000, gid: 2000 },
   ]);
   const deps = quietDeps(await tempDir(t, "reader-node"));
-  const checkout = (volumeId: string, ref: string) => checkoutReader(deps, { volumeId, source: { url: remote.url, ref }, serving: "", pods: [] });
+  const checkout = (volumeId: string, ref: string) => checkoutReader(deps, { volumeId, source: { url: remote.url, ref }, serving: "", pods: [], sharing: [] });
 
   const branch = await checkout("on-branch", "main");
   assert.deepEqual(await modeOf(path.join(branch.treePath, "README")), ["file", 0o600, 1000, 1000]);
@@ -64,7 +64,7 @@ test("a tag or a commit the forge lacks is FailedPrecondition naming it; a bare 
   const remote = await servedRemote(t);
   remote.git("tag", "v1", "main");
   const deps = quietDeps(await tempDir(t, "reader-node"));
-  const checkout = (volumeId: string, ref: string) => checkoutReader(deps, { volumeId, source: { url: remote.url, ref }, serving: "", pods: [] });
+  const checkout = (volumeId: string, ref: string) => checkoutReader(deps, { volumeId, source: { url: remote.url, ref }, serving: "", pods: [], sharing: [] });
   const absent = "2".repeat(40);
   for (const [ref, said] of [
     ["refs/tags/v2", "the tag refs/tags/v2 does not exist"],

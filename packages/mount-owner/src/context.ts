@@ -3,7 +3,7 @@ import type { Logger } from "@git-csi/logging";
 import type { OperationMetrics } from "@git-csi/metrics";
 import type { gitcsi, gitWorker } from "@git-csi/protos";
 import type { EpochFence } from "./fuse/binding";
-import type { ReaderMount } from "./reader";
+import type { ReaderGroup, ReaderMount } from "./reader";
 import type { MountSessions } from "./sessions";
 import type { State } from "./state";
 import type { TreeUsage } from "./tree-usage";
@@ -61,6 +61,10 @@ export interface Owner {
   sessions: MountSessions;
   /** The read-only volumes this process serves, by volume id: no epoch, no session. */
   readers: Map<string, ReaderMount>;
+  /** The read-only volumes of each URL and ref (readerKeyOf), which share one checkout and one fetch. */
+  readerGroups: Map<string, ReaderGroup>;
+  /** A group's fetch, and a volume joining or leaving it, one at a time: taken inside a volume's turn, never around one. */
+  perReaderGroup: KeyedSerial;
   link: WorkerLink;
   /** Operations on one volume run one at a time: a kubelet retry never interleaves with its original. */
   perVolume: KeyedSerial;

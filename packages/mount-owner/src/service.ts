@@ -56,6 +56,8 @@ export function createMountOwner(deps: MountOwnerDeps): MountOwner {
     logger: deps.logger,
     sessions,
     readers: new Map(),
+    readerGroups: new Map(),
+    perReaderGroup: new KeyedSerial(),
     link: new WorkerLink(deps, sessions),
     perVolume: new KeyedSerial(),
     watched: new Map(),

@@ -63,15 +63,20 @@ export class WorkerLink {
     return { ...tree, ...claimed };
   }
 
-  /** A read-only volume's ref fetched and its commit checked out; `serving`, the directory the mount serves now, is kept. */
-  checkoutReader(record: VolumeRecord, credential: gitcsi.Credential | undefined, serving: string): Promise<gitWorker.CheckoutReaderResponse> {
-    const request = { volumeId: record.volumeId, source: record.source, credential, serving, claim: record.claim, pods: Object.values(record.pods ?? {}) };
+  /**
+   * A read-only volume's ref fetched and its commit checked out, once for it
+   * and the volumes `sharing` its URL and ref; `serving`, the directory a
+   * mount serves now, is kept.
+   */
+  checkoutReader(record: VolumeRecord, credential: gitcsi.Credential | undefined, serving: string, sharing: VolumeRecord[] = []): Promise<gitWorker.CheckoutReaderResponse> {
+    const others = sharing.map((r) => ({ volumeId: r.volumeId, claim: r.claim, pods: Object.values(r.pods ?? {}), serving: r.treePath ?? "" }));
+    const request = { volumeId: record.volumeId, source: record.source, credential, serving, claim: record.claim, pods: Object.values(record.pods ?? {}), sharing: others };
     return call(this.worker.checkoutReader.bind(this.worker), request, WORKER_TIMEOUT_MS);
   }
 
-  /** A read-only volume left the node: its checkouts go. */
-  async releaseReader(volumeId: string, source: gitcsi.VolumeSource): Promise<void> {
-    await call(this.worker.releaseReader.bind(this.worker), { volumeId, source }, REMOVE_TIMEOUT_MS);
+  /** A read-only volume left the node; the last of its URL and ref takes their checkouts with it. */
+  async releaseReader(volumeId: string, source: gitcsi.VolumeSource, last: boolean): Promise<void> {
+    await call(this.worker.releaseReader.bind(this.worker), { volumeId, source, last }, REMOVE_TIMEOUT_MS);
   }
 
   /** renew_mount of every session's epoch, in one call per renewal interval (renewals.ts). */

@@ -122,10 +122,10 @@ export async function collectGarbage(store: Store, logger: Logger, onRepository:
 }
 
 /**
- * The views of the read-only volumes staged here, of their ref and of the
- * metadata (their checkouts are on the node; ReleaseReader removes all):
- * kept, so each fetch stays incremental and the repository is not cloned
- * again.
+ * The views of the URLs and refs read-only volumes staged here serve, of the
+ * ref and of the metadata (their checkouts, readers/<key>, are on the node;
+ * the last volume's ReleaseReader removes all): kept, so each fetch stays
+ * incremental and the repository is not cloned again.
  */
 async function stagedReaderViews(store: Store, repo: SimpleGit): Promise<string[]> {
   const views: string[] = [];

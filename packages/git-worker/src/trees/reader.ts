@@ -1,7 +1,7 @@
 import { randomBytes } from "node:crypto";
 import * as fs from "node:fs/promises";
 import * as path from "node:path";
-import { type EventType, METADATA_REF, type ReaderRef, Reason, type ReasonName } from "@git-csi/config";
+import { type EventType, METADATA_REF, type ReaderRef, readerKeyOf, Reason, type ReasonName } from "@git-csi/config";
 import type { SimpleGit } from "simple-git";
 import type { ClaimLabels } from "@git-csi/metrics";
 import { type CsiError, failedPrecondition, type gitcsi, type gitWorker, required, unavailable } from "@git-csi/protos";
@@ -26,44 +26,56 @@ export interface ReaderState {
 export type Readers = Map<string, ReaderState>;
 
 /**
- * The node's own view of a read-only volume's ref. It is outside
+ * The node's own view of a ref its read-only volumes serve, one for all the
+ * volumes of that URL and ref (`key`, readerKeyOf). It is outside
  * refs/git-csi/upstream/, so a writer's view of the same branch never moves
  * under it, and it is never pushed.
  */
-export function readerRef(volumeId: string): string {
-  return `refs/git-csi/reader/${volumeId}`;
+export function readerRef(key: string): string {
+  return `refs/git-csi/reader/${key}`;
 }
 
-/** The node's view of refs/git-csi/metadata as a reader of a branch last fetched it, with its branch: the volume's own, as readerRef is. */
-export function readerMetadataRef(volumeId: string): string {
-  return `refs/git-csi/reader-metadata/${volumeId}`;
+/** The node's view of refs/git-csi/metadata as the readers of a branch last fetched it, with their branch: theirs, as readerRef is. */
+export function readerMetadataRef(key: string): string {
+  return `refs/git-csi/reader-metadata/${key}`;
+}
+
+/** The key of a reader's URL and ref; the frontend refused any other ref before it got here. */
+export function readerKeyOfSource(source: gitcsi.VolumeSource): string {
+  readerTargetOf(source.ref);
+  return readerKeyOf(source.url, source.ref)!;
 }
 
 /**
  * CheckoutReader: the ref fetched (incrementally, into the URL's bare
- * repository) and its commit checked out into a directory of its own. No
- * ref on the remote is read for ownership or written: a fetch-only
- * credential serves.
+ * repository) and its commit checked out into a directory of its own, once
+ * for every read-only volume of the URL and ref on the node (the request's
+ * and those `sharing` it). No ref on the remote is read for ownership or
+ * written: a fetch-only credential serves.
  */
 export async function checkoutReader(deps: GitWorkerDeps, request: gitWorker.CheckoutReaderRequest): Promise<gitWorker.CheckoutReaderResponse> {
   const volumeId = required(request.volumeId, "volume_id");
   const source = required(request.source, "source");
   checkRemoteUrl(required(source.url, "source.url"));
   const target = readerTargetOf(source.ref);
+  const key = readerKeyOfSource(source);
   const ref = shownRef(target);
+  const volumes = [{ volumeId, claim: request.claim, pods: request.pods, serving: request.serving }, ...request.sharing];
   const { store } = deps;
   const access = await RemoteAccess.open(parseCredential(request.credential?.data), store.volumeDir(volumeId), store.socketDir(), deps.broker);
   try {
     return await deps.perRepository.run(store.repoDir(source.url), async () => {
       await store.ensureRepo(source.url);
-      const commit = await fetchReader(store, source.url, target, volumeId, access).catch((err: CsiError) => {
-        if (request.serving) behind(deps, request, `${err.message}; the volume keeps serving commit ${path.basename(request.serving)} and is behind its ref`);
+      const commit = await fetchReader(store, source.url, target, key, access).catch((err: CsiError) => {
+        for (const v of volumes) if (v.serving) behind(deps, v, `${err.message}; the volume keeps serving commit ${path.basename(v.serving)} and is behind its ref`);
         throw err;
       });
-      const treePath = await checkedOut(store, source.url, volumeId, commit, (dir) => replayBranchMetadata(deps, request, target, dir));
-      await removeCheckouts(store, volumeId, [treePath, request.serving]);
-      if (request.serving && treePath !== request.serving) tell(deps, request, "Normal", Reason.Updated, `serves commit ${commit} of ${ref}, was ${path.basename(request.serving)}`);
-      served(deps, volumeId, { claim: request.claim, ref, commit });
+      const treePath = await checkedOut(store, source.url, key, commit, (dir) => replayBranchMetadata(deps, request, target, key, dir));
+      await removeCheckouts(store, key, [treePath, ...volumes.map((v) => v.serving)]);
+      for (const v of volumes) {
+        if (v.serving && treePath !== v.serving) tell(deps, v, "Normal", Reason.Updated, `serves commit ${commit} of ${ref}, was ${path.basename(v.serving)}`);
+        served(deps, v.volumeId, { claim: v.claim, ref, commit });
+      }
       return { treePath, commit };
     });
   } finally {
@@ -91,7 +103,7 @@ function unlabel(deps: GitWorkerDeps, volumeId: string): void {
 }
 
 /** A fetch failed: the volume serves an older commit than its ref may hold, and is abnormal until a fetch works. */
-function behind(deps: GitWorkerDeps, request: gitWorker.CheckoutReaderRequest, message: string): void {
+function behind(deps: GitWorkerDeps, request: gitWorker.SharingReader, message: string): void {
   const state = deps.readers.get(request.volumeId);
   if (state) state.fetchFailed = message;
   deps.metrics.abnormal.set(labelsOf(request.volumeId, request.claim), 1);
@@ -121,7 +133,7 @@ export function readerReport(volumeId: string, state: ReaderState): gitWorker.Vo
 }
 
 /** A following volume's event, on its claim and pods and in the log. */
-function tell(deps: GitWorkerDeps, request: gitWorker.CheckoutReaderRequest, type: EventType, reason: ReasonName, message: string): void {
+function tell(deps: GitWorkerDeps, request: gitWorker.SharingReader, type: EventType, reason: ReasonName, message: string): void {
   const { claim, pods, volumeId } = request;
   deps.logger.log(type === "Warning" ? "warn" : "info", message, { volume: volumeId, claim: claim?.name, operation: "follow", reason });
   if (claim?.name) deps.events?.record({ kind: "PersistentVolumeClaim", namespace: claim.namespace, name: claim.name, uid: claim.uid || undefined }, type, reason, message);
@@ -139,22 +151,22 @@ function shownRef(target: ReaderRef): string {
  * allows and v0 servers may refuse. A branch brings refs/git-csi/metadata in
  * the same fetch; the pattern matches nothing on a remote without it.
  */
-function refspecs(target: ReaderRef, volumeId: string): string[] {
-  if (target.kind === "branch") return [`+refs/heads/${target.branch}:${readerRef(volumeId)}`, `+${METADATA_REF}*:${readerMetadataRef(volumeId)}*`];
-  return [`+${target.kind === "tag" ? `refs/tags/${target.tag}` : target.commit}:${readerRef(volumeId)}`];
+function refspecs(target: ReaderRef, key: string): string[] {
+  if (target.kind === "branch") return [`+refs/heads/${target.branch}:${readerRef(key)}`, `+${METADATA_REF}*:${readerMetadataRef(key)}*`];
+  return [`+${target.kind === "tag" ? `refs/tags/${target.tag}` : target.commit}:${readerRef(key)}`];
 }
 
 /** The ref's commit on the remote now (a tag peeled); a ref the remote lacks is the stage's FailedPrecondition. */
-async function fetchReader(store: Store, url: string, target: ReaderRef, volumeId: string, access: RemoteAccess): Promise<string> {
+async function fetchReader(store: Store, url: string, target: ReaderRef, key: string, access: RemoteAccess): Promise<string> {
   const ref = shownRef(target);
   await access
-    .run((remote) => runGit(store.repo(url, remote), ["fetch", "--quiet", "--no-tags", "--no-write-fetch-head", "origin", ...refspecs(target, volumeId)]))
+    .run((remote) => runGit(store.repo(url, remote), ["fetch", "--quiet", "--no-tags", "--no-write-fetch-head", "origin", ...refspecs(target, key)]))
     .catch((err: unknown) => {
       // git says "couldn't find remote ref" for a name, and "not our ref" for a commit id the remote lacks.
       if (/couldn't find remote ref|not our ref/i.test(gitMessage(err))) throw target.kind === "branch" ? missingRef(url, ref) : missingPin(url, target.kind, ref);
       throw unavailable(`fetch of ${ref} failed: ${gitMessage(err)} (${url})`);
     });
-  const commit = await revParse(store.repo(url), readerRef(volumeId));
+  const commit = await revParse(store.repo(url), readerRef(key));
   if (commit === "") throw failedPrecondition(`volume_context.ref: ${ref} in ${url} names no commit; a read-only volume serves a commit's tree`);
   return commit;
 }
@@ -168,10 +180,10 @@ function missingPin(url: string, kind: "tag" | "commit", ref: string): Error {
  * an index of its own, finished by `finish`, then renamed into place, so a
  * directory named by a commit is always whole.
  */
-async function checkedOut(store: Store, url: string, volumeId: string, commit: string, finish: (dir: string) => Promise<void>): Promise<string> {
-  const dir = path.join(store.readerDir(volumeId), commit);
+async function checkedOut(store: Store, url: string, key: string, commit: string, finish: (dir: string) => Promise<void>): Promise<string> {
+  const dir = path.join(store.readerDir(key), commit);
   if (await exists(dir)) return dir;
-  const temp = path.join(store.readerDir(volumeId), `.${commit}.${randomBytes(4).toString("hex")}`);
+  const temp = path.join(store.readerDir(key), `.${commit}.${randomBytes(4).toString("hex")}`);
   const index = `${temp}.index`;
   await fs.mkdir(temp, { recursive: true });
   try {
@@ -194,40 +206,49 @@ async function checkedOut(store: Store, url: string, volumeId: string, commit: s
  * pin takes none: the metadata holds each branch's present listings, and no
  * record says which commit they were made for.
  */
-async function replayBranchMetadata(deps: GitWorkerDeps, request: gitWorker.CheckoutReaderRequest, target: ReaderRef, dir: string): Promise<void> {
+async function replayBranchMetadata(deps: GitWorkerDeps, request: gitWorker.CheckoutReaderRequest, target: ReaderRef, key: string, dir: string): Promise<void> {
   if (target.kind !== "branch") return;
   const repo = deps.store.repo(request.source!.url);
-  const metadata = await revParse(repo, readerMetadataRef(request.volumeId));
+  const metadata = await revParse(repo, readerMetadataRef(key));
   if (metadata === "") return;
   const fields = { volume: request.volumeId, claim: request.claim?.name, operation: "replay_metadata" };
   const result = await replayMetadata({ repo, treeDir: dir, branch: target.branch, metadata, log: (message, more) => deps.logger.warn(message, { ...fields, ...more }) });
   deps.logger.info("replayed modes, owners and empty directories", { ...fields, metadata, applied: result.applied, refused: result.refused.length });
 }
 
-/** Every checkout of the volume but those kept; a file a reader still holds open keeps its content. */
-async function removeCheckouts(store: Store, volumeId: string, keep: string[]): Promise<void> {
-  const dir = store.readerDir(volumeId);
+/** Every checkout of the URL and ref but those kept; a file a reader still holds open keeps its content. */
+async function removeCheckouts(store: Store, key: string, keep: string[]): Promise<void> {
+  const dir = store.readerDir(key);
   for (const name of await fs.readdir(dir)) {
     const entry = path.join(dir, name);
     if (!keep.includes(entry) && !name.startsWith(".")) await fs.rm(entry, { recursive: true, force: true });
   }
 }
 
-/** ReleaseReader: the volume's checkouts and its view of the ref go; the bare repository stays for the collection. */
+/**
+ * ReleaseReader: the volume's report and metric series go; with the last
+ * volume of its URL and ref, their checkouts and view of the ref go too. The
+ * bare repository stays for the collection.
+ */
 export async function releaseReader(deps: GitWorkerDeps, request: gitWorker.ReleaseReaderRequest): Promise<gitWorker.ReleaseReaderResponse> {
   const volumeId = required(request.volumeId, "volume_id");
-  const { url } = required(request.source, "source");
+  const source = required(request.source, "source");
   unlabel(deps, volumeId);
   deps.metrics.forget(labelsOf(volumeId, deps.readers.get(volumeId)?.claim));
   deps.readers.delete(volumeId);
-  const repo = deps.store.repoDir(url);
-  if (await exists(repo)) await deps.perRepository.run(repo, () => deleteViews(deps.store.repo(url), volumeId));
-  await fs.rm(deps.store.readerDir(volumeId), { recursive: true, force: true });
   await fs.rm(deps.store.volumeDir(volumeId), { recursive: true, force: true });
+  if (!request.last) return {};
+  const key = readerKeyOfSource(source);
+  const repo = deps.store.repoDir(source.url);
+  // Under the repository's lock, as a fetch of it is: none may check the ref out while its directory goes.
+  await deps.perRepository.run(repo, async () => {
+    if (await exists(repo)) await deleteViews(deps.store.repo(source.url), key);
+    await fs.rm(deps.store.readerDir(key), { recursive: true, force: true });
+  });
   return {};
 }
 
-/** The volume's views of its ref and of the metadata; one that is absent is already gone. */
-async function deleteViews(repo: SimpleGit, volumeId: string): Promise<void> {
-  for (const ref of [readerRef(volumeId), readerMetadataRef(volumeId)]) await runGit(repo, ["update-ref", "-d", ref]);
+/** The views of a URL and ref and of the metadata; one that is absent is already gone. */
+async function deleteViews(repo: SimpleGit, key: string): Promise<void> {
+  for (const ref of [readerRef(key), readerMetadataRef(key)]) await runGit(repo, ["update-ref", "-d", ref]);
 }

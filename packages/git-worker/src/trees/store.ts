@@ -64,9 +64,9 @@ export class Store {
     return path.join(this.volumeDir(volumeId), "ignore");
   }
 
-  /** Where a read-only volume's commits are checked out, one directory per commit. */
-  readerDir(volumeId: string): string {
-    return path.join(this.stateDir, "readers", volumeId);
+  /** Where the commits of a URL and ref (readerKeyOf) are checked out for its read-only volumes, one directory per commit. */
+  readerDir(key: string): string {
+    return path.join(this.stateDir, "readers", key);
   }
 
   /** A second worktree beside the pod's, where rebases run out of the application's view. */
