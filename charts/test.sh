@@ -466,6 +466,19 @@ check "helm template (node.deleteFencedPods=false) renders neither the flag's tr
   --set node.deleteFencedPods=false
 check "helm template (controller.provisionerSecrets=true) grants the provisioner get on secrets and nothing more" template_ok "$WORK/provisionersecrets.yaml" provisionersecrets \
   --set controller.provisionerSecrets=true
+# The cluster tests run the sidecars `make cluster-tools` builds in e2e/k8s/csi-provisioner under the chart's image names.
+sidecar_pins() {
+  local mod="$ROOT/e2e/k8s/csi-provisioner/go.mod" failed=0 pair key want got
+  for pair in provisioner=github.com/kubernetes-csi/external-provisioner/v6 snapshotter=github.com/kubernetes-csi/external-snapshotter/v8; do
+    key=${pair%%=*}
+    want=$(awk -v m="${pair#*=}" '($1 == "require" && $2 == m) { print $3 } $1 == m { print $2 }' "$mod")
+    got=$(awk -v k="$key:" '$1 == k { found = 1 } found && $1 == "tag:" { gsub(/"/, "", $2); print $2; exit }' "$CHART/values.yaml")
+    echo "images.$key.tag $got, $mod requires $want"
+    [ -n "$want" ] && [ "$got" = "$want" ] || failed=1
+  done
+  return $failed
+}
+check "the chart's csi-provisioner and csi-snapshotter tags are the versions e2e/k8s/csi-provisioner/go.mod builds" sidecar_pins
 SNAPSHOT_API=(--api-versions snapshot.storage.k8s.io/v1/VolumeSnapshotClass)
 check "helm template (an API server with snapshot.storage.k8s.io/v1) runs csi-snapshotter, its RBAC and a VolumeSnapshotClass" template_ok "$WORK/snapshots-auto.yaml" snapshots \
   "${SNAPSHOT_API[@]}"
