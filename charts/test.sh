@@ -484,6 +484,19 @@ check "helm template (an API server with snapshot.storage.k8s.io/v1) runs csi-sn
   "${SNAPSHOT_API[@]}"
 check "helm template (snapshots.enabled=true, no snapshot API known) runs csi-snapshotter" template_ok "$WORK/snapshots-on.yaml" snapshots \
   --set snapshots.enabled=true
+# A private repository's snapshots: the class names the Secret the csi-snapshotter passes to CreateSnapshot.
+class_parameters() {
+  local key='snapshots.volumeSnapshotClass.parameters.csi\.storage\.k8s\.io/snapshotter-secret'
+  "$HELM" template git-csi "$CHART" --namespace git-csi --kube-version "$KUBE_VERSION" "${SNAPSHOT_API[@]}" \
+    --set-string "$key-name=repo-key" --set-string "$key-namespace=home" >"$WORK/class-parameters.yaml" &&
+    python3 -c '
+import sys, yaml
+classes = [d for d in yaml.safe_load_all(open(sys.argv[1])) if d and d["kind"] == "VolumeSnapshotClass"]
+want = {"csi.storage.k8s.io/snapshotter-secret-name": "repo-key", "csi.storage.k8s.io/snapshotter-secret-namespace": "home"}
+print(classes[0].get("parameters"))
+sys.exit(0 if len(classes) == 1 and classes[0].get("parameters") == want else 1)' "$WORK/class-parameters.yaml"
+}
+check "helm template (snapshots.volumeSnapshotClass.parameters) puts the snapshotter's Secret in the VolumeSnapshotClass" class_parameters
 check "helm template (snapshots.enabled=false beside snapshot.storage.k8s.io/v1) runs no csi-snapshotter" template_ok "$WORK/snapshots-off.yaml" default \
   "${SNAPSHOT_API[@]}" --set snapshots.enabled=false
 check "helm template (PrometheusRule on) parses and has the PrometheusRule" template_ok "$WORK/rules-on.yaml" prometheusrule \

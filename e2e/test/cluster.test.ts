@@ -110,6 +110,13 @@ test("the README's install and quick start, command by command: built by buildah
     );
 });
 const apply = (yaml: string) => cluster!.kubectl(["apply", "-f", "-"], yaml);
+
+/** helm upgrade of the release to the version it has, with its values and these (`--set`). */
+async function upgradeWith(...values: string[]): Promise<void> {
+  const installed = JSON.parse(await cluster!.helm(["get", "metadata", "git-csi", "-n", "git-csi", "-o", "json"])) as { version: string };
+  const sets = values.flatMap((v) => ["--set", v]);
+  await cluster!.helm(["upgrade", "git-csi", CHART(), "--version", installed.version, "-n", "git-csi", "--reuse-values", ...sets, "--wait", "--timeout=5m"]);
+}
 const events = async (namespace: string) => (JSON.parse(await kubectl("get", "events", "-n", namespace, "-o", "json")) as { items: Event[] }).items;
 const remoteFile = (repo: string, file: string) => git.git(repo, "show", `main:${file}`).catch(() => undefined);
 
@@ -540,8 +547,7 @@ test("many writers on one repository: two claims, each pod writing its own direc
 test("a branch per claim: two claims of one StorageClass get two branches, each pod's writes land on its own, and deleting the claims archives both", async () => {
   const secretRef = await repositoryWithKey("perclaim");
   // The class names the deploy key for CreateVolume too: the provisioner may read it only with controller.provisionerSecrets.
-  const installed = JSON.parse(await cluster!.helm(["get", "metadata", "git-csi", "-n", "git-csi", "-o", "json"])) as { version: string };
-  await cluster!.helm(["upgrade", "git-csi", CHART(), "--version", installed.version, "-n", "git-csi", "--reuse-values", "--set", "controller.provisionerSecrets=true", "--wait", "--timeout=5m"]);
+  await upgradeWith("controller.provisionerSecrets=true");
   const secret = (kind: string) => ({ [`csi.storage.k8s.io/${kind}-secret-name`]: secretRef.name, [`csi.storage.k8s.io/${kind}-secret-namespace`]: secretRef.namespace });
   const storageClass = {
     apiVersion: "storage.k8s.io/v1",
@@ -618,6 +624,10 @@ test("snapshots of a claim a pod writes to: ready holding the write just made, a
   const show = (spec: string) => git.git("perclaim.git", "show", spec).catch(() => undefined);
   const refs = async (...patterns: string[]) => (await git.git("perclaim.git", "for-each-ref", "--format=%(refname)", ...patterns)).split("\n").filter(Boolean).sort();
 
+  // The repository is private: the chart's VolumeSnapshotClass names the deploy key CreateSnapshot pushes with,
+  // which the csi-snapshotter may read with controller.provisionerSecrets ("a branch per claim" set it).
+  const secret = "snapshots.volumeSnapshotClass.parameters.csi\\.storage\\.k8s\\.io/snapshotter-secret";
+  await upgradeWith(`${secret}-name=perclaim-key`, `${secret}-namespace=perclaim`);
   // The chart's snapshots.enabled=auto saw the cluster's snapshot CRDs when the quick start installed it.
   const snapshotClass = await kubectl("get", "volumesnapshotclass", "-o", "jsonpath={range .items[*]}{.metadata.name} {.driver} {.deletionPolicy}{end}");
   assert.match(snapshotClass, /^\S+ git\.liken\.sh Delete$/, "the chart made one VolumeSnapshotClass, the driver's, deletionPolicy Delete");
