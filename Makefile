@@ -43,17 +43,17 @@ KUBE_LDFLAGS := -s -w $(foreach pkg,k8s.io/component-base/version k8s.io/client-
 
 # The cluster of the cluster tests (e2e/src/cluster.ts) adds the node and
 # control-plane commands of the same module, the pause binary the pods'
-# sandboxes run (gcc, from the same module's source), and the two CSI
+# sandboxes run (gcc, from the same module's source), and the three CSI
 # sidecars of the chart's controller, from the module proxy: csi-resizer with
 # `go install`, csi-provisioner and csi-snapshotter through
 # e2e/k8s/csi-provisioner (their go.mod files have replace directives, which
 # `go install` refuses; one module, so the Go build cache shares client-go),
 # and from the same module the snapshot-controller the cluster test runs (the
 # chart leaves it to the cluster). Without cgo, so each is one static binary,
-# the whole of its image. See the README's "Tests in a real cluster" for the
-# cold times.
+# the whole of its image. See docs/tests.md, "Tests in a real cluster", for
+# the cold times.
 KUBE_CLUSTER_TOOLS := $(KUBE_BIN)/kubelet $(KUBE_BIN)/kube-controller-manager $(KUBE_BIN)/kube-scheduler $(KUBE_BIN)/pause
-# The chart pins the sidecars' versions (values.yaml); the provisioner's wrapper module requires the same.
+# The chart pins the sidecars' versions (values.yaml); the wrapper module requires the same (charts/test.sh checks).
 RESIZER_VERSION := $(shell awk '$$1 == "resizer:" { found = 1 } found && $$1 == "tag:" { print $$2; exit }' charts/git-csi/values.yaml)
 SIDECAR_MODULE := e2e/k8s/csi-provisioner
 module_version = $(shell awk '($$1 == "require" && $$2 == "$(1)") { print $$3 } $$1 == "$(1)" { print $$2 }' $(SIDECAR_MODULE)/go.mod)
