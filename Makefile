@@ -43,18 +43,25 @@ KUBE_LDFLAGS := -s -w $(foreach pkg,k8s.io/component-base/version k8s.io/client-
 
 # The cluster of the cluster tests (e2e/src/cluster.ts) adds the node and
 # control-plane commands of the same module, the pause binary the pods'
-# sandboxes run (gcc, from the same module's source), and the two CSI
+# sandboxes run (gcc, from the same module's source), and the three CSI
 # sidecars of the chart's controller, from the module proxy: csi-resizer with
-# `go install`, csi-provisioner through e2e/k8s/csi-provisioner (its go.mod has
-# replace directives, which `go install` refuses). Without cgo, so each is one
-# static binary, the whole of its image. See the README's "Tests in
-# a real cluster" for the cold times.
+# `go install`, csi-provisioner and csi-snapshotter through
+# e2e/k8s/csi-provisioner (their go.mod files have replace directives, which
+# `go install` refuses; one module, so the Go build cache shares client-go),
+# and from the same module the snapshot-controller the cluster test runs (the
+# chart leaves it to the cluster). Without cgo, so each is one static binary,
+# the whole of its image. See docs/tests.md, "Tests in a real cluster", for
+# the cold times.
 KUBE_CLUSTER_TOOLS := $(KUBE_BIN)/kubelet $(KUBE_BIN)/kube-controller-manager $(KUBE_BIN)/kube-scheduler $(KUBE_BIN)/pause
-# The chart pins the sidecars' versions (values.yaml); the provisioner's wrapper module requires the same.
+# The chart pins the sidecars' versions (values.yaml); the wrapper module requires the same (charts/test.sh checks).
 RESIZER_VERSION := $(shell awk '$$1 == "resizer:" { found = 1 } found && $$1 == "tag:" { print $$2; exit }' charts/git-csi/values.yaml)
-PROVISIONER_VERSION := $(shell awk '$$1 == "require" && $$2 == "github.com/kubernetes-csi/external-provisioner/v6" { print $$3 }' e2e/k8s/csi-provisioner/go.mod)
+SIDECAR_MODULE := e2e/k8s/csi-provisioner
+module_version = $(shell awk '($$1 == "require" && $$2 == "$(1)") { print $$3 } $$1 == "$(1)" { print $$2 }' $(SIDECAR_MODULE)/go.mod)
+PROVISIONER_VERSION := $(call module_version,github.com/kubernetes-csi/external-provisioner/v6)
+SNAPSHOTTER_VERSION := $(call module_version,github.com/kubernetes-csi/external-snapshotter/v8)
 SIDECARS := $(CACHE)/csi-sidecars
-CSI_SIDECARS := $(SIDECARS)/csi-resizer/$(RESIZER_VERSION)/csi-resizer $(SIDECARS)/csi-provisioner/$(PROVISIONER_VERSION)/csi-provisioner
+CSI_SIDECARS := $(SIDECARS)/csi-resizer/$(RESIZER_VERSION)/csi-resizer $(SIDECARS)/csi-provisioner/$(PROVISIONER_VERSION)/csi-provisioner \
+	$(SIDECARS)/csi-snapshotter/$(SNAPSHOTTER_VERSION)/csi-snapshotter $(SIDECARS)/snapshot-controller/$(SNAPSHOTTER_VERSION)/snapshot-controller
 
 # The driver's images: the one Dockerfile, built as is by buildah (Debian's),
 # into a store under .cache/ that keeps the builder's layers between runs, and
@@ -113,8 +120,12 @@ $(KUBE_BIN)/pause: e2e/k8s/kube/go.mod
 $(SIDECARS)/csi-resizer/$(RESIZER_VERSION)/csi-resizer:
 	$(call timed,csi-resizer $(RESIZER_VERSION),CGO_ENABLED=0 GOBIN=$(@D) go install -trimpath -ldflags '-s -w' github.com/kubernetes-csi/external-resizer/v2/cmd/csi-resizer@$(RESIZER_VERSION))
 
-$(SIDECARS)/csi-provisioner/$(PROVISIONER_VERSION)/csi-provisioner: e2e/k8s/csi-provisioner/go.mod e2e/k8s/csi-provisioner/go.sum
-	$(call timed,csi-provisioner $(PROVISIONER_VERSION),cd e2e/k8s/csi-provisioner && CGO_ENABLED=0 go build -trimpath -ldflags '-s -w' -o $@ github.com/kubernetes-csi/external-provisioner/v6/cmd/csi-provisioner)
+$(SIDECARS)/csi-provisioner/$(PROVISIONER_VERSION)/csi-provisioner: $(SIDECAR_MODULE)/go.mod $(SIDECAR_MODULE)/go.sum
+	$(call timed,csi-provisioner $(PROVISIONER_VERSION),cd $(SIDECAR_MODULE) && CGO_ENABLED=0 go build -trimpath -ldflags '-s -w' -o $@ github.com/kubernetes-csi/external-provisioner/v6/cmd/csi-provisioner)
+
+# csi-snapshotter and snapshot-controller: two commands of external-snapshotter's module.
+$(wordlist 3,4,$(CSI_SIDECARS)): $(SIDECAR_MODULE)/go.mod $(SIDECAR_MODULE)/go.sum
+	$(call timed,$(@F) $(SNAPSHOTTER_VERSION),cd $(SIDECAR_MODULE) && CGO_ENABLED=0 go build -trimpath -ldflags '-s -w' -o $@ github.com/kubernetes-csi/external-snapshotter/v8/cmd/$(@F))
 
 kube-tools: $(KUBE_TOOLS)
 
@@ -122,12 +133,13 @@ base-images: apt
 	BUILDAH="$(BUILDAH)" bash e2e/images/bases.sh $(CACHE)/images
 
 # The public images the cluster tests pull besides the driver's: the pause
-# image and the chart's two controller sidecars, each the binary
+# image and the chart's three controller sidecars, each the binary
 # `make cluster-tools` built, under the name the chart and the kubelet use.
 cluster-images: apt cluster-tools
 	BUILDAH="$(BUILDAH)" bash e2e/images/bases.sh $(CACHE)/images registry.k8s.io/pause:3.10=$(KUBE_BIN)/pause \
 	  registry.k8s.io/sig-storage/csi-resizer:$(RESIZER_VERSION)=$(word 1,$(CSI_SIDECARS)) \
-	  registry.k8s.io/sig-storage/csi-provisioner:$(PROVISIONER_VERSION)=$(word 2,$(CSI_SIDECARS))
+	  registry.k8s.io/sig-storage/csi-provisioner:$(PROVISIONER_VERSION)=$(word 2,$(CSI_SIDECARS)) \
+	  registry.k8s.io/sig-storage/csi-snapshotter:$(SNAPSHOTTER_VERSION)=$(word 3,$(CSI_SIDECARS))
 
 images: apt $(if $(filter local,$(BASES)),base-images)
 	@mkdir -p $(CACHE)/images; for service in $(SERVICES); do \

@@ -467,11 +467,37 @@ check "helm template (node.deleteFencedPods=false) renders neither the flag's tr
   --set node.deleteFencedPods=false
 check "helm template (controller.provisionerSecrets=true) grants the provisioner get on secrets and nothing more" template_ok "$WORK/provisionersecrets.yaml" provisionersecrets \
   --set controller.provisionerSecrets=true
+# The cluster tests run the sidecars `make cluster-tools` builds in e2e/k8s/csi-provisioner under the chart's image names.
+sidecar_pins() {
+  local mod="$ROOT/e2e/k8s/csi-provisioner/go.mod" failed=0 pair key want got
+  for pair in provisioner=github.com/kubernetes-csi/external-provisioner/v6 snapshotter=github.com/kubernetes-csi/external-snapshotter/v8; do
+    key=${pair%%=*}
+    want=$(awk -v m="${pair#*=}" '($1 == "require" && $2 == m) { print $3 } $1 == m { print $2 }' "$mod")
+    got=$(awk -v k="$key:" '$1 == k { found = 1 } found && $1 == "tag:" { gsub(/"/, "", $2); print $2; exit }' "$CHART/values.yaml")
+    echo "images.$key.tag $got, $mod requires $want"
+    [ -n "$want" ] && [ "$got" = "$want" ] || failed=1
+  done
+  return $failed
+}
+check "the chart's csi-provisioner and csi-snapshotter tags are the versions e2e/k8s/csi-provisioner/go.mod builds" sidecar_pins
 SNAPSHOT_API=(--api-versions snapshot.storage.k8s.io/v1/VolumeSnapshotClass)
 check "helm template (an API server with snapshot.storage.k8s.io/v1) runs csi-snapshotter, its RBAC and a VolumeSnapshotClass" template_ok "$WORK/snapshots-auto.yaml" snapshots \
   "${SNAPSHOT_API[@]}"
 check "helm template (snapshots.enabled=true, no snapshot API known) runs csi-snapshotter" template_ok "$WORK/snapshots-on.yaml" snapshots \
   --set snapshots.enabled=true
+# A private repository's snapshots: the class names the Secret the csi-snapshotter passes to CreateSnapshot.
+class_parameters() {
+  local key='snapshots.volumeSnapshotClass.parameters.csi\.storage\.k8s\.io/snapshotter-secret'
+  "$HELM" template git-csi "$CHART" --namespace git-csi --kube-version "$KUBE_VERSION" "${SNAPSHOT_API[@]}" \
+    --set-string "$key-name=repo-key" --set-string "$key-namespace=home" >"$WORK/class-parameters.yaml" &&
+    python3 -c '
+import sys, yaml
+classes = [d for d in yaml.safe_load_all(open(sys.argv[1])) if d and d["kind"] == "VolumeSnapshotClass"]
+want = {"csi.storage.k8s.io/snapshotter-secret-name": "repo-key", "csi.storage.k8s.io/snapshotter-secret-namespace": "home"}
+print(classes[0].get("parameters"))
+sys.exit(0 if len(classes) == 1 and classes[0].get("parameters") == want else 1)' "$WORK/class-parameters.yaml"
+}
+check "helm template (snapshots.volumeSnapshotClass.parameters) puts the snapshotter's Secret in the VolumeSnapshotClass" class_parameters
 check "helm template (snapshots.enabled=false beside snapshot.storage.k8s.io/v1) runs no csi-snapshotter" template_ok "$WORK/snapshots-off.yaml" default \
   "${SNAPSHOT_API[@]}" --set snapshots.enabled=false
 check "helm template (PrometheusRule on) parses and has the PrometheusRule" template_ok "$WORK/rules-on.yaml" prometheusrule \

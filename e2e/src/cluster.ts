@@ -1,7 +1,7 @@
 // Test helper: a REAL Kubernetes cluster on this machine — etcd,
-// kube-apiserver, kube-controller-manager, kube-scheduler and two kubelets,
-// each with its own containerd — all inside a network namespace the test
-// creates, so no traffic leaves it. Built by `make cluster-tools`; the notes
+// kube-apiserver, kube-controller-manager, kube-scheduler, the snapshot CRDs
+// and snapshot-controller, and two kubelets, each with its own containerd —
+// all inside a network namespace the test creates, so no traffic leaves it. Built by `make cluster-tools`; the notes
 // of the study it follows are in ../shared/kubelet/NOTES.md.
 //
 //   const cluster = await startCluster(dir);      // nodes Ready, default ServiceAccount there
@@ -40,10 +40,14 @@ import { execFile } from "node:child_process";
 import { promisify } from "node:util";
 import { setTimeout as sleep } from "node:timers/promises";
 import { HELM } from "./chart";
-import { kubeBinDir, runTool, until, watched, type Watched } from "./kube";
+import { kubeBinDir, runTool, snapshotterVersion, until, watched, type Watched } from "./kube";
 import { PAUSE_IMAGE, publicImageRefs, type Registry, REGISTRY_ADDRESS, seedPublicImages, startRegistry, writeHostsConfig } from "./registry";
 
 const run = promisify(execFile);
+const ROOT = path.join(__dirname, "..", "..", "..");
+/** The wrapper module `make cluster-tools` builds the sidecars and the snapshot-controller in. */
+const SIDECAR_MODULE = path.join(ROOT, "e2e", "k8s", "csi-provisioner");
+const snapshotController = () => path.join(ROOT, ".cache", "csi-sidecars", "snapshot-controller", snapshotterVersion(), "snapshot-controller");
 
 export const API_ADDRESS = "10.96.0.1";
 export const GIT_ADDRESS = "10.97.0.100";
@@ -89,7 +93,7 @@ const PROGRAMS = ["/usr/bin/containerd", "/usr/sbin/runc", "/usr/lib/cni/bridge"
 /** Why a cluster cannot start here, naming each missing tool, or undefined when it can. */
 export function clusterMissing(kubeBin = kubeBinDir(), uid = process.getuid?.()): string | undefined {
   if (uid !== 0) return "the cluster tests need root (network namespaces, mounts, cgroups): run them as root";
-  const missing = [...TOOLS.map((t) => path.join(kubeBin, t)), HELM, ...PROGRAMS].filter((bin) => !existsSync(bin));
+  const missing = [...TOOLS.map((t) => path.join(kubeBin, t)), snapshotController(), HELM, ...PROGRAMS].filter((bin) => !existsSync(bin));
   if (missing.length === 0) return undefined;
   return `no ${missing.join(", ")}: run 'make go-tools cluster-tools' (Go, from the module proxy, and Debian packages)`;
 }
@@ -142,6 +146,9 @@ export async function startCluster(dir: string, nodeCount = 2): Promise<Cluster>
 
     await start("kube-controller-manager", path.join(bin, "kube-controller-manager"), controllerManagerArgs(dir, kubeconfig, pki));
     await start("kube-scheduler", path.join(bin, "kube-scheduler"), schedulerArgs(kubeconfig));
+    // As a cluster a user installs the chart on has them: the chart's snapshots.enabled=auto sees snapshot.storage.k8s.io/v1.
+    await snapshotCrds(kubectl);
+    await start("snapshot-controller", snapshotController(), [`--kubeconfig=${kubeconfig}`, "--leader-election=false"]);
 
     for (let n = 1; n <= nodeCount; n++) nodes.push(await startNode(n, cgroupRoots[n - 1]!, path.join(dir, `node${n}`), netns, pki, bin, registry));
     await until(
@@ -160,6 +167,16 @@ export async function startCluster(dir: string, nodeCount = 2): Promise<Cluster>
     await stop();
     throw err;
   }
+}
+
+/** The CRDs of external-snapshotter's client module at the wrapper module's version, from the Go module cache, applied and established. */
+async function snapshotCrds(kubectl: (args: string[]) => Promise<string>): Promise<void> {
+  const module = "github.com/kubernetes-csi/external-snapshotter/client/v8";
+  const { stdout } = await run("go", ["mod", "download", "-json", module], { cwd: SIDECAR_MODULE });
+  const crds = path.join((JSON.parse(stdout) as { Dir: string }).Dir, "config", "crd");
+  await kubectl(["apply", "-k", crds]);
+  const names = ["volumesnapshotclasses", "volumesnapshotcontents", "volumesnapshots"].map((r) => `crd/${r}.snapshot.storage.k8s.io`);
+  await kubectl(["wait", "--for=condition=Established", "--timeout=60s", ...names]);
 }
 
 function etcdArgs(dir: string): string[] {

@@ -70,6 +70,11 @@ export function kubeVersions(): { kubernetes: string; etcd: string } {
   };
 }
 
+/** The external-snapshotter of the sidecars' wrapper module: the chart's csi-snapshotter, and the cluster test's snapshot-controller and CRDs. */
+export function snapshotterVersion(): string {
+  return requiredVersion("e2e/k8s/csi-provisioner/go.mod", "github.com/kubernetes-csi/external-snapshotter/v8");
+}
+
 /** .cache/k8s/<Kubernetes version>, where `make kube-tools` puts the three binaries. */
 export function kubeBinDir(): string {
   return path.join(ROOT, ".cache", "k8s", kubeVersions().kubernetes);

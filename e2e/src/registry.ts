@@ -112,7 +112,7 @@ export async function seedPublicImages(netns: string, registry: Registry, refs: 
 /** The chart's controller sidecars (values.yaml), whose images `make cluster-images` makes. */
 export function chartSidecarRefs(): string[] {
   const values = readFileSync(path.join(ROOT, "charts", "git-csi", "values.yaml"), "utf8");
-  return ["provisioner", "resizer"].map((key) => {
+  return ["provisioner", "resizer", "snapshotter"].map((key) => {
     const block = new RegExp(`^  ${key}:\\n    repository: (\\S+)\\n    tag: "?([^"\\n]+)"?$`, "m").exec(values);
     if (!block) throw new Error(`charts/git-csi/values.yaml: no images.${key} repository and tag`);
     return `${block[1]}:${block[2]}`;

@@ -110,6 +110,13 @@ test("the README's install and quick start, command by command: built by buildah
     );
 });
 const apply = (yaml: string) => cluster!.kubectl(["apply", "-f", "-"], yaml);
+
+/** helm upgrade of the release to the version it has, with its values and these (`--set`). */
+async function upgradeWith(...values: string[]): Promise<void> {
+  const installed = JSON.parse(await cluster!.helm(["get", "metadata", "git-csi", "-n", "git-csi", "-o", "json"])) as { version: string };
+  const sets = values.flatMap((v) => ["--set", v]);
+  await cluster!.helm(["upgrade", "git-csi", CHART(), "--version", installed.version, "-n", "git-csi", "--reuse-values", ...sets, "--wait", "--timeout=5m"]);
+}
 const events = async (namespace: string) => (JSON.parse(await kubectl("get", "events", "-n", namespace, "-o", "json")) as { items: Event[] }).items;
 const remoteFile = (repo: string, file: string) => git.git(repo, "show", `main:${file}`).catch(() => undefined);
 
@@ -540,8 +547,7 @@ test("many writers on one repository: two claims, each pod writing its own direc
 test("a branch per claim: two claims of one StorageClass get two branches, each pod's writes land on its own, and deleting the claims archives both", async () => {
   const secretRef = await repositoryWithKey("perclaim");
   // The class names the deploy key for CreateVolume too: the provisioner may read it only with controller.provisionerSecrets.
-  const installed = JSON.parse(await cluster!.helm(["get", "metadata", "git-csi", "-n", "git-csi", "-o", "json"])) as { version: string };
-  await cluster!.helm(["upgrade", "git-csi", CHART(), "--version", installed.version, "-n", "git-csi", "--reuse-values", "--set", "controller.provisionerSecrets=true", "--wait", "--timeout=5m"]);
+  await upgradeWith("controller.provisionerSecrets=true");
   const secret = (kind: string) => ({ [`csi.storage.k8s.io/${kind}-secret-name`]: secretRef.name, [`csi.storage.k8s.io/${kind}-secret-namespace`]: secretRef.namespace });
   const storageClass = {
     apiVersion: "storage.k8s.io/v1",
@@ -584,6 +590,90 @@ test("a branch per claim: two claims of one StorageClass get two branches, each 
   assert.deepEqual(refs.sort(), ["refs/heads/main", ...entries.map(([app]) => `refs/git-csi/archive/${volumes[app]}/claims/perclaim/${app}`)].sort());
   for (const [app, file] of entries)
     assert.equal(await git.git("perclaim.git", "show", `refs/git-csi/archive/${volumes[app]}/claims/perclaim/${app}:${file}`), app, "the archive holds the claim's writes");
+});
+
+test("snapshots of a claim a pod writes to: ready holding the write just made, a restore with its tree and modes and not the later write, a clone at its request; deleting them leaves the remote as the class says", async () => {
+  // The class of "a branch per claim" (its deploy key, onDelete: archive). Armed, but no push of its own
+  // comes in the test: only the flush a snapshot or a clone asks for pushes.
+  const held = {
+    apiVersion: "storage.k8s.io/v1",
+    kind: "VolumeAttributesClass",
+    metadata: { name: "perclaim-held" },
+    driverName: "git.liken.sh",
+    parameters: { "push.quiesce": "1h", "push.maxLatency": "2h" },
+  };
+  const claim = (name: string, dataSource?: object) => ({
+    apiVersion: "v1",
+    kind: "PersistentVolumeClaim",
+    metadata: { name, namespace: "perclaim" },
+    spec: { storageClassName: "perclaim", volumeAttributesClassName: "perclaim-held", accessModes: ["ReadWriteOncePod"], resources: { requests: { storage: "1Gi" } }, dataSource },
+  });
+  const pod = (name: string) => ({
+    apiVersion: "v1",
+    kind: "Pod",
+    metadata: { name, namespace: "perclaim" },
+    spec: {
+      terminationGracePeriodSeconds: 5,
+      containers: [{ name: "app", image: BUSYBOX_IMAGE, command: ["sleep", "3600"], volumeMounts: [{ name: "config", mountPath: "/config" }] }],
+      volumes: [{ name: "config", persistentVolumeClaim: { claimName: name } }],
+    },
+  });
+  const items = (...objects: object[]) => apply(JSON.stringify({ apiVersion: "v1", kind: "List", items: objects }));
+  const ready = (...pods: string[]) => kubectl("wait", "--for=condition=Ready", ...pods.map((p) => `pod/${p}`), "-n", "perclaim", "--timeout=180s");
+  const inPod = async (name: string, script: string) => (await kubectl("exec", "-n", "perclaim", name, "--", "sh", "-c", script)).trim();
+  const show = (spec: string) => git.git("perclaim.git", "show", spec).catch(() => undefined);
+  const refs = async (...patterns: string[]) => (await git.git("perclaim.git", "for-each-ref", "--format=%(refname)", ...patterns)).split("\n").filter(Boolean).sort();
+
+  // The repository is private: the chart's VolumeSnapshotClass names the deploy key CreateSnapshot pushes with,
+  // which the csi-snapshotter may read with controller.provisionerSecrets ("a branch per claim" set it).
+  const secret = "snapshots.volumeSnapshotClass.parameters.csi\\.storage\\.k8s\\.io/snapshotter-secret";
+  await upgradeWith(`${secret}-name=perclaim-key`, `${secret}-namespace=perclaim`);
+  // The chart's snapshots.enabled=auto saw the cluster's snapshot CRDs when the quick start installed it.
+  const snapshotClass = await kubectl("get", "volumesnapshotclass", "-o", "jsonpath={range .items[*]}{.metadata.name} {.driver} {.deletionPolicy}{end}");
+  assert.match(snapshotClass, /^\S+ git\.liken\.sh Delete$/, "the chart made one VolumeSnapshotClass, the driver's, deletionPolicy Delete");
+  await items(held, claim("source"), pod("source"));
+  await ready("source");
+  await waitFor("the source claim armed", async () => (await events("perclaim")).some((e) => e.involvedObject.name === "source" && e.reason === "GitVolumeArmed"), 60_000);
+  await inPod("source", "printf before > /config/state.txt && printf '#!/bin/sh\\n' > /config/run.sh && chmod 700 /config/run.sh");
+  assert.equal(await show("claims/perclaim/source:state.txt"), undefined, "the write is not pushed on its own");
+
+  const metadata = { name: "source-snap", namespace: "perclaim" };
+  await items({
+    apiVersion: "snapshot.storage.k8s.io/v1",
+    kind: "VolumeSnapshot",
+    metadata,
+    spec: { volumeSnapshotClassName: snapshotClass.split(" ")[0], source: { persistentVolumeClaimName: "source" } },
+  });
+  const status = () => kubectl("get", "volumesnapshot", "source-snap", "-n", "perclaim", "-o", "jsonpath={.status.readyToUse} {.status.boundVolumeSnapshotContentName}");
+  const snapshotRef = await waitFor(
+    "the VolumeSnapshot readyToUse",
+    async () => {
+      const [readyToUse, content] = (await status()).split(" ");
+      if (readyToUse !== "true") return undefined;
+      return `refs/git-csi/snapshots/${await kubectl("get", "volumesnapshotcontent", content!, "-o", "jsonpath={.status.snapshotHandle}")}`;
+    },
+    120_000,
+  );
+  assert.equal(await show(`${snapshotRef}:state.txt`), "before", "the snapshot holds the write the pod saw succeed");
+  await inPod("source", "printf after > /config/state.txt && printf later > /config/later.txt");
+
+  const fromSnapshot = { apiGroup: "snapshot.storage.k8s.io", kind: "VolumeSnapshot", name: "source-snap" };
+  await items(claim("restored", fromSnapshot), pod("restored"), claim("cloned", { kind: "PersistentVolumeClaim", name: "source" }), pod("cloned"));
+  await ready("restored", "cloned");
+  const tree = (name: string) => inPod(name, "cat /config/state.txt; echo; stat -c %a /config/run.sh; [ -e /config/later.txt ] && cat /config/later.txt || echo no-later");
+  assert.equal(await tree("restored"), "before\n700\nno-later", "the restore has the snapshot's tree, its mode, and not the later write");
+  assert.equal(await tree("cloned"), "after\n700\nlater", "the clone has the source's tree at its request");
+
+  await kubectl("delete", "volumesnapshot", "source-snap", "-n", "perclaim", "--wait=true", "--timeout=120s");
+  await waitFor("the snapshot's ref deleted", async () => (await refs(snapshotRef)).length === 0, 60_000);
+  const claims = ["source", "restored", "cloned"];
+  const volumes = await Promise.all(claims.map(async (c) => (await kubectl("get", "pvc", c, "-n", "perclaim", "-o", "jsonpath={.spec.volumeName}")).trim()));
+  await kubectl("delete", "pod", ...claims, "-n", "perclaim", "--wait=true", "--timeout=120s");
+  await kubectl("delete", "pvc", ...claims, "-n", "perclaim", "--wait=true", "--timeout=120s");
+  for (const volume of volumes) await kubectl("wait", "--for=delete", `pv/${volume}`, "--timeout=120s");
+  const archived = claims.map((c, i) => `refs/git-csi/archive/${volumes[i]}/claims/perclaim/${c}`);
+  assert.deepEqual(await refs(...claims.map((c) => `refs/heads/claims/perclaim/${c}`), ...archived), [...archived].sort(), "onDelete: archive moved each claim's branch");
+  assert.equal(await show(`${archived[1]}:state.txt`), "before", "the restored claim's archive holds its tree");
 });
 
 // Appends "<pod> <n>" to /data/writes.txt every second and prints "ok <n>" once the write returned: what the application saw succeed.

@@ -4,7 +4,10 @@ module git.liken.sh/e2e/k8s/csi-provisioner
 
 go 1.26.0
 
-require github.com/kubernetes-csi/external-provisioner/v6 v6.4.0
+require (
+	github.com/kubernetes-csi/external-provisioner/v6 v6.4.0
+	github.com/kubernetes-csi/external-snapshotter/v8 v8.6.0
+)
 
 require (
 	cel.dev/expr v0.25.3 // indirect
