@@ -592,7 +592,7 @@ test("a branch per claim: two claims of one StorageClass get two branches, each 
     assert.equal(await git.git("perclaim.git", "show", `refs/git-csi/archive/${volumes[app]}/claims/perclaim/${app}:${file}`), app, "the archive holds the claim's writes");
 });
 
-test("snapshots of a claim a pod writes to: ready holding the write just made, a restore with its tree and modes and not the later write, a clone at its request; deleting them leaves the remote as the class says", async () => {
+test("snapshots of a claim a pod writes to: ready holding the write just made, a restore with its tree, modes and owners and not the later write, a clone at its request; deleting them leaves the remote as the class says", async () => {
   // The class of "a branch per claim" (its deploy key, onDelete: archive). Armed, but no push of its own
   // comes in the test: only the flush a snapshot or a clone asks for pushes.
   const held = {
@@ -634,7 +634,7 @@ test("snapshots of a claim a pod writes to: ready holding the write just made, a
   await items(held, claim("source"), pod("source"));
   await ready("source");
   await waitFor("the source claim armed", async () => (await events("perclaim")).some((e) => e.involvedObject.name === "source" && e.reason === "GitVolumeArmed"), 60_000);
-  await inPod("source", "printf before > /config/state.txt && printf '#!/bin/sh\\n' > /config/run.sh && chmod 700 /config/run.sh");
+  await inPod("source", "printf before > /config/state.txt && printf '#!/bin/sh\\n' > /config/run.sh && chmod 700 /config/run.sh && chown 1000:2000 /config/run.sh");
   assert.equal(await show("claims/perclaim/source:state.txt"), undefined, "the write is not pushed on its own");
 
   const metadata = { name: "source-snap", namespace: "perclaim" };
@@ -660,9 +660,10 @@ test("snapshots of a claim a pod writes to: ready holding the write just made, a
   const fromSnapshot = { apiGroup: "snapshot.storage.k8s.io", kind: "VolumeSnapshot", name: "source-snap" };
   await items(claim("restored", fromSnapshot), pod("restored"), claim("cloned", { kind: "PersistentVolumeClaim", name: "source" }), pod("cloned"));
   await ready("restored", "cloned");
-  const tree = (name: string) => inPod(name, "cat /config/state.txt; echo; stat -c %a /config/run.sh; [ -e /config/later.txt ] && cat /config/later.txt || echo no-later");
-  assert.equal(await tree("restored"), "before\n700\nno-later", "the restore has the snapshot's tree, its mode, and not the later write");
-  assert.equal(await tree("cloned"), "after\n700\nlater", "the clone has the source's tree at its request");
+  const tree = (name: string) => inPod(name, "cat /config/state.txt; echo; stat -c '%a %u:%g' /config/run.sh; [ -e /config/later.txt ] && cat /config/later.txt || echo no-later");
+  // git alone would give 755 and root's owner: the mode and the owner come from refs/git-csi/metadata.
+  assert.equal(await tree("restored"), "before\n700 1000:2000\nno-later", "the restore has the snapshot's tree, its mode and owner, and not the later write");
+  assert.equal(await tree("cloned"), "after\n700 1000:2000\nlater", "the clone has the source's tree at its request");
 
   await kubectl("delete", "volumesnapshot", "source-snap", "-n", "perclaim", "--wait=true", "--timeout=120s");
   await waitFor("the snapshot's ref deleted", async () => (await refs(snapshotRef)).length === 0, 60_000);
