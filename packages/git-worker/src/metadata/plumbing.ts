@@ -292,7 +292,7 @@ export function privateGit(gitDir: string, indexFile: string, author: Author, en
 }
 
 /** Writes objects through files in a scratch directory: simple-git gives no stdin, and hash-object takes many files in one process. */
-export async function writeObjects(git: SimpleGit, scratch: string, type: "blob" | "commit", texts: string[]): Promise<string[]> {
+export async function writeObjects(git: SimpleGit, scratch: string, type: "blob" | "commit" | "tag", texts: string[]): Promise<string[]> {
   const oids: string[] = [];
   for (const [n, batch] of chunks(texts).entries()) {
     const files = batch.map((_, j) => path.join(scratch, `object-${n * ARGV_BATCH + j}`));

@@ -7,6 +7,7 @@ import { alreadyExists, CsiError, failedPrecondition, type gitWorker, notFound, 
 import type { SimpleGit } from "simple-git";
 import { RecordError, parseRecord } from "../lease/ownership";
 import { branchTreeName } from "../metadata/format";
+import { writeObjects } from "../metadata/plumbing";
 import { converse, runGit } from "../remote/git";
 import { deleteRefs, fetchBranch, fetchMetadata, fetchOwner, fetchRef, pushUpdates, type ReadRef, RemoteError, type RefUpdate } from "../remote/remote";
 import { revParse } from "../remote/tree";
@@ -228,17 +229,16 @@ async function tagUpdate(repo: SimpleGit, url: string, tag: string, snapshotId: 
     `Volume: ${volumeId}`,
     "",
   ].join("\n");
-  return { ref: tag, expected: "", next: await writeObject(repo, "tag", body) };
+  return { ref: tag, expected: "", next: await writeTag(repo, body) };
 }
 
-/** An object written into the repository from its text: hash-object reads a file, and checks a tag's format. */
-async function writeObject(repo: SimpleGit, type: string, body: string): Promise<string> {
-  const dir = await fs.mkdtemp(path.join(os.tmpdir(), "git-csi-object-"));
+/** The tag object, through writeObjects' scratch files: hash-object also checks a tag's format. */
+async function writeTag(repo: SimpleGit, body: string): Promise<string> {
+  const scratch = await fs.mkdtemp(path.join(os.tmpdir(), "git-csi-tag-"));
   try {
-    await fs.writeFile(path.join(dir, type), body);
-    return (await runGit(repo, ["hash-object", "-t", type, "-w", path.join(dir, type)])).trim();
+    return (await writeObjects(repo, scratch, "tag", [body]))[0]!;
   } finally {
-    await fs.rm(dir, { recursive: true, force: true });
+    await fs.rm(scratch, { recursive: true, force: true });
   }
 }
 
