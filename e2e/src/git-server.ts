@@ -440,6 +440,23 @@ export async function fetchOnly(server: Pick<GitServer, "repoPath">, repo: strin
 }
 
 /**
+ * A forge slow to take big uploads: each push that creates a staging ref (a
+ * write's objects sent ahead) is held for `seconds` before it lands; the
+ * fenced push after it, and the staging ref's deletion, are not.
+ */
+export async function slowUploads(server: Pick<GitServer, "repoPath">, repo: string, seconds: number): Promise<void> {
+  const hook = path.join(server.repoPath(repo), "hooks", "pre-receive");
+  await mkdir(path.dirname(hook), { recursive: true });
+  const script = `#!/bin/sh
+while read old new ref; do
+  case "$ref" in refs/git-csi/staging/*) [ "$new" = 0000000000000000000000000000000000000000 ] || sleep ${seconds};; esac
+done
+exit 0
+`;
+  await writeFile(hook, script, { mode: 0o755 });
+}
+
+/**
  * Logs each push the repository receives, as its refs, from its pre-receive
  * hook: what a forge counts, over any transport. Returns the reader.
  */

@@ -1,5 +1,6 @@
 import assert from "node:assert/strict";
 import { type ChildProcessWithoutNullStreams, spawn } from "node:child_process";
+import { randomBytes } from "node:crypto";
 import * as fs from "node:fs/promises";
 import * as path from "node:path";
 import { createInterface } from "node:readline";
@@ -8,7 +9,8 @@ import { setTimeout as sleep } from "node:timers/promises";
 import { status } from "@grpc/grpc-js";
 import { call, csi, CsiError } from "@git-csi/protos";
 import { type Driver, mountsUnder, refused, run, setVolumeClass, sh, startDriver, volumeLogs, waitFor } from "../src/driver";
-import { type GitServer, startGitDaemon } from "../src/git-server";
+import { blobId } from "../src/app-writer";
+import { type GitServer, slowUploads, startGitDaemon } from "../src/git-server";
 import { ownerRecord as ownerOf, type OwnerFields, takeOver } from "../src/owner-record";
 
 // Spec 000's retry, restart and cleanup rules of the .rwo-session record and
@@ -20,6 +22,7 @@ const RWOP = Mode.SINGLE_NODE_SINGLE_WRITER;
 /** Spec 000's 90 s and 20 s, scaled down so a test can outwait a lease. */
 const LEASE = { duration: "6s", renewInterval: "2s" };
 const LEASE_RENEW_MS = 2000;
+const LEASE_SECONDS = 6;
 const T = 60_000;
 /** A class that commits and pushes nothing before the pod stops. */
 const UNTIL_POD_STOPS = { "push.quiesce": "1h", "push.maxLatency": "2h" };
@@ -473,6 +476,24 @@ describe("the .rwo-session record and the mount epoch: retries, expiry, cleanup,
       assert.equal(await server.git(repo, "show", "main:late.txt"), "late");
     },
   );
+
+  // The unstage's flush is the last push of a backlog: the epoch must hold until it answers, however long past the lease the upload takes.
+  test("an unstage whose flush takes longer than the lease renews until the flush answered: the write lands on main, and nothing is stranded", { timeout: 90_000 }, async () => {
+    const repo = "slow-flush.git";
+    const volumeId = "rwo-slow-flush";
+    const stagingPath = await freshVolume(repo, volumeId);
+    await stage(volumeId, repo);
+    await setVolumeClass(driver, volumeId, UNTIL_POD_STOPS);
+    // Written at the stage itself: no pod stops, so the unstage's flush is the one that pushes. Over 1 MiB, its objects go ahead.
+    const big = randomBytes(2 * 1024 * 1024);
+    await fs.writeFile(path.join(stagingPath, "big.bin"), big);
+    await slowUploads(server, repo, 2 * LEASE_SECONDS);
+    await unstage(volumeId);
+    assert.equal(await server.git(repo, "rev-parse", "main:big.bin"), blobId(big), "the write is on main");
+    const driverRefs = await server.git(repo, "for-each-ref", "--format=%(refname)", "refs/git-csi/");
+    assert.doesNotMatch(driverRefs, /stranded|staging/, "nothing stranded, no staging ref left");
+    assert.doesNotMatch(volumeLogs(driver, volumeId), /no longer holds the volume/, "the epoch held throughout");
+  });
 
   test(
     "the access mode is bound into the node's volume record: a volume staged ReadWriteOncePod is refused as ReadWriteOnce before service, even when the remote has no owner record",

@@ -31,6 +31,13 @@ export function withMaterial(credential: gitcsi.Credential | undefined): gitcsi.
 /** The mount sessions this process serves, by volume id, and how an epoch loses its volume. */
 export class MountSessions {
   private readonly live = new Map<string, LiveSession>();
+  /**
+   * Sessions whose unstage is committing what the tree holds: their mount is
+   * gone, so no publish or stage sees them, but they are renewed until the
+   * unstage's flush answers, or a backlog longer than the lease would lose
+   * the epoch and strand its commits.
+   */
+  private readonly leaving = new Map<string, LiveSession>();
   /** Volumes whose kept FUSE connection waits to be served again after a restart. */
   private readonly resuming = new Set<string>();
 
@@ -61,13 +68,31 @@ export class MountSessions {
     return this.live.entries();
   }
 
+  /** Every session a renewal keeps: the live ones and the leaving ones. */
+  renewed(): [string, LiveSession][] {
+    return [...this.live, ...this.leaving];
+  }
+
   add(volumeId: string, session: LiveSession): void {
+    this.leaving.delete(volumeId);
     this.live.set(volumeId, session);
+  }
+
+  /**
+   * The unstage's mount is gone and its flush comes next: the session is
+   * renewed but no longer seen. A retried unstage finds it here again.
+   */
+  leave(volumeId: string): LiveSession | undefined {
+    const session = this.live.get(volumeId) ?? this.leaving.get(volumeId);
+    this.live.delete(volumeId);
+    if (session) this.leaving.set(volumeId, session);
+    return session;
   }
 
   /** The session ends here: no renewal follows. */
   end(volumeId: string): void {
     this.live.delete(volumeId);
+    this.leaving.delete(volumeId);
   }
 
   /**
@@ -93,11 +118,16 @@ export class MountSessions {
 
   /** A claim's or renewal's answer: the mount serves longer, or the epoch lost the volume. */
   applyLease(volumeId: string, session: LiveSession, lease: gitWorker.MountLease | undefined): void {
-    if (!lease || session.lost) return;
+    if (!lease || session.lost || !this.held(volumeId, session)) return;
     if (lease.held) {
       session.serveUntil = servingDeadline(lease);
       session.mount.serveUntil(session.serveUntil);
     } else if (lease.refusal !== gitWorker.LeaseRefusal.LEASE_REFUSAL_NONE) this.lose(volumeId, session, lease.message);
+  }
+
+  /** A renewal answered after its session ended (or was replaced) changes nothing. */
+  private held(volumeId: string, session: LiveSession): boolean {
+    return this.live.get(volumeId) === session || this.leaving.get(volumeId) === session;
   }
 }
 

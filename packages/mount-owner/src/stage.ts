@@ -150,16 +150,17 @@ export async function unstage(owner: Owner, request: mountOwner.UnstageVolumeReq
 
 /** The stage's mount gone, its writes committed (pushed, or stranded for a lost epoch), its epoch released and its session record removed. */
 async function leaveStage(owner: Owner, volumeId: string, stagingPath: string, record: VolumeRecord | undefined, persisted: SessionRecord | undefined): Promise<void> {
-  const live = owner.sessions.get(volumeId);
-  await live?.mount.unmount();
+  await owner.sessions.get(volumeId)?.mount.unmount();
   await unmountAll(stagingPath);
   // The kernel's table, not this process's memory: a mount left from before a restart keeps the ownership too.
   const remaining = await mountsOf(volumeId, stagingPath);
   if (remaining.length > 0) throw failedPrecondition(`volume ${volumeId} is still mounted at ${remaining.join(", ")}; its ownership stays until every mount is gone`);
-  if (live) owner.sessions.end(volumeId);
+  // Renewed while the flush sends what the tree holds, however long past the lease that takes.
+  const live = owner.sessions.leave(volumeId);
   const epoch = live?.epoch ?? persisted?.epoch ?? "";
   // A lost epoch pushes nothing: its commits go to a stranded ref, or stay in the node's tree, with or without the Secret.
   if (record?.stagingPath !== undefined) await owner.link.commitBeforeLeaving(record, epoch, live);
+  owner.sessions.end(volumeId);
   await owner.link.release(volumeId, epoch);
   await removeSession(stagingPath);
   await owner.state.recordUnstaged(volumeId);

@@ -86,7 +86,7 @@ export class WorkerLink {
       logger: this.deps.logger,
       metrics: this.deps.metrics,
       intervalMs: this.deps.lease.renewMs,
-      sessions: () => this.sessions.entries(),
+      sessions: () => this.sessions.renewed(),
       apply: (volumeId, session: LiveSession, lease) => this.sessions.applyLease(volumeId, session, lease),
       ranOut: (volumeId, session: LiveSession) => this.sessions.lose(volumeId, session, "the lease ran out unrenewed"),
     });
