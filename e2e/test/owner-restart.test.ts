@@ -182,6 +182,28 @@ describe("a mount owner restart keeps the mounts", () => {
     await unpublishAndUnstage(driver, published);
   });
 
+  // The restarted worker knows no volume: the resume hands it the volume, and that claim must not wait for a sync of the very mount waiting for it.
+  test("the git worker and the mount owner killed together while upstream moved: the kept connection serves again, and the next push lands on upstream's commit", async () => {
+    const repo = "both-killed.git";
+    const published = await armedVolume("both-killed");
+    const onMain = (file: string) => server.git(repo, "show", `main:${file}`).catch(() => "");
+    await sh(`echo one > '${published.targetPath}/one.txt'`);
+    await waitFor("one.txt on the remote", async () => (await onMain("one.txt")) === "one", T);
+    await server.commitFiles(repo, { "upstream.txt": "upstream\n" });
+    const before = resumes();
+    const worker = await driver.pid("git-worker");
+    const owner = await driver.pid("mount-owner");
+    process.kill(worker, "SIGKILL");
+    process.kill(owner, "SIGKILL");
+    const outcome = await waitFor("the kept connection served again, or its epoch lost", async () => (resumes() > before ? "served" : driver.logs().includes("it serves only EIO") && "lost"), T);
+    assert.equal(outcome, "served", "the epoch was checked and the connection serves again");
+    assert.equal(await sh(`cat '${published.targetPath}/one.txt'`), "one\n");
+    await sh(`echo two > '${published.targetPath}/two.txt'`);
+    await waitFor("two.txt on the remote", async () => (await onMain("two.txt")) === "two", T);
+    assert.equal(await onMain("upstream.txt"), "upstream", "upstream's commit is kept under the push");
+    await unpublishAndUnstage(driver, published);
+  });
+
   test("a descriptor keeper that restarted is told every connection again: a mount owner killed after it keeps the mount", async () => {
     const published = await armedVolume("rekept");
     // A mount owner just started: the keeper restarts before its first look at the keeper's socket.

@@ -457,6 +457,8 @@ describe("the .rwo-session record and the mount epoch: retries, expiry, cleanup,
       await waitFor("Probe ready", async () => (await call(driver.identity.probe.bind(driver.identity), {}, 1000)).ready);
       // Nobody took the volume: the record still names the epoch, and only the mount owner knows its mount stopped serving.
       sameEpoch((await ownerRecord(repo, volumeId))?.epoch, staged.epoch, "the owner ref still names the lost epoch");
+      // Upstream moved meanwhile: the handed-over tree is not synced with a mount that serves nothing, and stays as it is.
+      await server.commitFiles(repo, { "upstream.txt": "upstream\n" });
 
       // The unstage hands the new worker the volume, with no serving time left: it commits the write but neither renews nor pushes.
       await unpublish(volumeId);
@@ -474,6 +476,7 @@ describe("the .rwo-session record and the mount epoch: retries, expiry, cleanup,
       await setVolumeClass(driver, volumeId, UNTIL_POD_STOPS);
       await unstage(volumeId);
       assert.equal(await server.git(repo, "show", "main:late.txt"), "late");
+      assert.equal(await server.git(repo, "show", "main:upstream.txt"), "upstream");
     },
   );
 

@@ -67,7 +67,10 @@ export class VolumeStranded {
       this.adopted.set(ref, commit);
       return;
     }
-    await s.ctx.syncMount();
+    if (!(await s.syncMountAtStage())) {
+      s.log("warn", `${ref} waits for the volume's next stage: the tree may lack writes its mount holds`, "strand", { ref });
+      return;
+    }
     if ((await statusOf(s.tree)).length === 0 && (await this.upstream.takeStranded(head, commit))) {
       this.adopted.set(ref, commit);
       this.report.emit(Reason.Rebased, "Normal", `the commits a lost mount epoch left on ${ref} were rebased onto the tree; the volume's next push lands them on ${s.pushBranch}`);

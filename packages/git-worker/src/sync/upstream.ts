@@ -73,7 +73,7 @@ export class VolumeUpstream {
     const head = await revParse(s.tree, "HEAD");
     const upstream = await revParse(s.repo, upstreamRef(s.branch));
     if (head === upstream || (await isAncestor(s.repo, upstream, head))) return;
-    await s.ctx.syncMount();
+    if (!(await s.syncMountAtStage())) return;
     if ((await statusOf(s.tree)).length > 0) {
       this.report.noteUpstreamMoved();
       return;

@@ -2,7 +2,8 @@ import { type ClassPolicy, type EventType, type ReasonName, sideBranchOf } from 
 import type { InvolvedObject } from "@git-csi/k8s";
 import type { Logger } from "@git-csi/logging";
 import type { ClaimLabels, DriverMetrics } from "@git-csi/metrics";
-import type { gitcsi } from "@git-csi/protos";
+import { type CsiError, type gitcsi } from "@git-csi/protos";
+import { status } from "@grpc/grpc-js";
 import type { SimpleGit } from "simple-git";
 import type { RemoteAccess } from "../remote/access";
 import { looseRef } from "../remote/loose";
@@ -181,6 +182,24 @@ export class VolumeState {
       (fence) => this.remote((repo) => push(repo, fence)),
       sends,
     );
+  }
+
+  /**
+   * The mount's pages reach the tree before a stage looks at it. False when
+   * the mount cannot be synced, so the tree may lack writes and must stay as
+   * it is: a restarted mount owner serves its kept connection again only once
+   * this very claim answers, and a lost epoch's mount serves nothing.
+   */
+  async syncMountAtStage(): Promise<boolean> {
+    try {
+      await this.ctx.syncMount();
+      return true;
+    } catch (err) {
+      const code = (err as CsiError).code;
+      if (code !== status.UNAVAILABLE && code !== status.FAILED_PRECONDITION) throw err;
+      this.log("info", `the tree stays as it is until the next push: its mount cannot be synced now: ${(err as Error).message}`, "stage");
+      return false;
+    }
   }
 
   log(level: "info" | "warn" | "error", message: string, operation: string, fields: Record<string, unknown> = {}): void {
