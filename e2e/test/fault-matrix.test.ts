@@ -124,7 +124,7 @@ async function assertNothingLost(server: GitDaemon, repo: string, driver: Driver
   const acked = readAcked(app.log);
   const remote = await remoteTree(server, repo);
   const lost = [...acked].filter(([file, blob]) => remote.get(file) !== blob);
-  assert.deepEqual(lost, [], `acknowledged writes missing or wrong on the remote; the services' log is in ${logFileOf(volume.volumeId)}`);
+  if (lost.length > 0) assert.fail(await diagnosis(server, repo, driver, volume.volumeId, `${lost.length} of ${acked.size} acknowledged writes missing or wrong on the remote`));
   assert.deepEqual(withoutUpstream(await nodeTree(driver, volume.volumeId)), withoutUpstream(remote), "the remote holds exactly the node's tree");
   const branches = (await server.git(repo, "for-each-ref", "--format=%(refname)", "refs/heads/")).split("\n");
   assert.deepEqual(branches, ["refs/heads/main"], "no side branch: no file changed on both sides");
@@ -205,6 +205,34 @@ async function restarted(driver: Driver, service: Service, killed: number): Prom
       ))
     );
   });
+}
+
+/**
+ * What CI's output needs to tell a lost write's cause, since it keeps no
+ * /tmp: the remote's refs besides main (stranded, staging, side branch) and
+ * the volume's last warnings and errors.
+ */
+async function diagnosis(server: GitDaemon, repo: string, driver: Driver, volumeId: string, what: string): Promise<string> {
+  const refs = (await server.git(repo, "for-each-ref", "--format=%(refname)")).split("\n").filter((ref) => ref && ref !== "refs/heads/main");
+  const warnings = volumeLogs(driver, volumeId)
+    .split("\n")
+    .map(logLine)
+    .filter((line) => line !== undefined)
+    .slice(-15);
+  return [`${what}; the services' log is in ${logFileOf(volumeId)}.`, `remote refs besides main: ${refs.join(", ") || "none"}`, "last warnings and errors of the volume:", ...warnings].join("\n");
+}
+
+/** A warning or error of the services' JSON log as one short line; undefined for anything else. */
+function logLine(line: string): string | undefined {
+  const start = line.indexOf("{");
+  if (start < 0) return undefined;
+  try {
+    const entry = JSON.parse(line.slice(start)) as { level?: string; timestamp?: string; service?: string; operation?: string; message?: string };
+    if (entry.level !== "warn" && entry.level !== "error") return undefined;
+    return `${entry.timestamp?.slice(11, 19)} ${entry.service} ${entry.operation}: ${entry.message}`.slice(0, 240);
+  } catch {
+    return undefined;
+  }
 }
 
 /** The services' whole log of a case, kept for its replay: too long for an assertion's message. */
