@@ -49,8 +49,12 @@ export interface SshGitServer extends BareRepoOps {
   readonly hostKeyLine: string;
   /** ssh://root@127.0.0.1:<port><absolute repo path> */
   url(repo: string): string;
-  /** New ed25519 key (no passphrase) allowed to run git commands; `name` is [A-Za-z0-9._-]+ and unique. */
-  addDeployKey(name: string): Promise<DeployKey>;
+  /**
+   * New ed25519 key (no passphrase) allowed to run git commands; `name` is
+   * [A-Za-z0-9._-]+ and unique. A read-only key may only fetch, as a forge's
+   * read-only deploy key: every push with it is refused.
+   */
+  addDeployKey(name: string, access?: "read-write" | "read-only"): Promise<DeployKey>;
   /** Remove the key's authorized_keys line; new connections with it are refused. Throws for an unknown name. */
   revokeDeployKey(name: string): Promise<void>;
   /** Kill sshd and every process it started (open connections included), remove the temp dir. Idempotent. */
@@ -143,7 +147,7 @@ export async function startSshGitServer(place: SshServerPlace = { address: "127.
     url(repo) {
       return `ssh://root@${host}:${port}${ops.repoPath(repo)}`;
     },
-    addDeployKey: (name) => keys.add(name),
+    addDeployKey: (name, access = "read-write") => keys.add(name, access === "read-only"),
     revokeDeployKey: async (name) => keys.revoke(name),
     stop: () => root.stop(),
   };
@@ -237,7 +241,7 @@ class DeployKeys {
     private readonly forcedCommand: string,
   ) {}
 
-  async add(name: string): Promise<{ privateKey: string; publicKey: string }> {
+  async add(name: string, readOnly: boolean): Promise<{ privateKey: string; publicKey: string }> {
     if (!KEY_NAME.test(name)) throw new Error(`invalid deploy key name ${JSON.stringify(name)}`);
     if (this.keys.has(name)) throw new Error(`deploy key ${JSON.stringify(name)} already exists`);
     const file = path.join(this.keyDir, name);
@@ -249,7 +253,8 @@ class DeployKeys {
     await rm(file, { force: true });
     const publicKey = (await readFile(`${file}.pub`, "utf8")).trim();
     if (this.keys.has(name)) throw new Error(`deploy key ${JSON.stringify(name)} already exists`);
-    this.keys.set(name, `restrict,command="${this.forcedCommand}" ${publicKey}`);
+    const command = readOnly ? `case \\"$SSH_ORIGINAL_COMMAND\\" in git-upload-pack*) ${this.forcedCommand};; *) echo 'this deploy key may only fetch' >&2; exit 1;; esac` : this.forcedCommand;
+    this.keys.set(name, `restrict,command="${command}" ${publicKey}`);
     this.write();
     return { privateKey, publicKey };
   }

@@ -544,6 +544,80 @@ test("many writers on one repository: two claims, each pod writing its own direc
   for (const app of Object.keys(apps)) await kubectl("delete", "pod", app, "-n", "subpath", "--wait=true", "--timeout=120s");
 });
 
+/** A pod on `node` that only reads the claim `readers`, read-only, as the users of git-sync's sidecar do. */
+const readerPod = (name: string, node: string) => ({
+  apiVersion: "v1",
+  kind: "Pod",
+  metadata: { name, namespace: "follow" },
+  spec: {
+    nodeName: node,
+    terminationGracePeriodSeconds: 5,
+    containers: [{ name: "reader", image: BUSYBOX_IMAGE, command: ["sleep", "3600"], volumeMounts: [{ name: "data", mountPath: "/data", readOnly: true }] }],
+    volumes: [{ name: "data", persistentVolumeClaim: { claimName: "readers", readOnly: true } }],
+  },
+});
+
+test("two nodes follow one ReadOnlyMany claim with a read-only deploy key while a writer's claim pushes to the same branch: both serve each push, refuse writes, and claim nothing on the remote", async () => {
+  const writerKey = await repositoryWithKey("follow");
+  const readKey = await git.addDeployKey("follow-read", "read-only");
+  const readKeyFile = path.join(dir, "follow-read-key");
+  await fs.writeFile(readKeyFile, readKey.privateKey, { mode: 0o600 });
+  await kubectl(...sshAuthSecret("follow-read-key", "follow", readKeyFile));
+  const readSecret = { name: "follow-read-key", namespace: "follow" };
+  await eagerVolume("follow", "ReadWriteOncePod", writerKey);
+  const csi = {
+    driver: "git.liken.sh",
+    volumeHandle: "follow-readers",
+    volumeAttributes: { url: git.url("follow.git"), ref: "main" },
+    nodeStageSecretRef: readSecret,
+    nodePublishSecretRef: readSecret,
+  };
+  const spec = { capacity: { storage: "1Gi" }, accessModes: ["ReadOnlyMany"], persistentVolumeReclaimPolicy: "Retain", csi };
+  const readers = { apiVersion: "v1", kind: "PersistentVolume", metadata: { name: "follow-readers" }, spec };
+  const claimSpec = { volumeName: "follow-readers", storageClassName: "", accessModes: ["ReadOnlyMany"], resources: { requests: { storage: "1Gi" } } };
+  const claim = { apiVersion: "v1", kind: "PersistentVolumeClaim", metadata: { name: "readers", namespace: "follow" }, spec: claimSpec };
+  const klass = { apiVersion: "storage.k8s.io/v1", kind: "VolumeAttributesClass", metadata: { name: "follow-2s" }, driverName: "git.liken.sh", parameters: { "follow.interval": "2s" } };
+  await apply(JSON.stringify({ apiVersion: "v1", kind: "List", items: [readers, claim, klass] }));
+  await waitFor("the readers' claim Bound", async () => (await kubectl("get", "pvc", "readers", "-n", "follow", "-o", "jsonpath={.status.phase}")) === "Bound");
+  await kubectl("patch", "pvc", "readers", "-n", "follow", "-p", JSON.stringify({ spec: { volumeAttributesClassName: "follow-2s" } }));
+  // The writer counts in stamp.txt every two seconds; its class pushes within five.
+  const writer = {
+    name: "writer",
+    image: BUSYBOX_IMAGE,
+    command: ["sh", "-c", "i=0; while true; do i=$((i+1)); echo $i > /data/stamp.txt; sleep 2; done"],
+    volumeMounts: [{ name: "data", mountPath: "/data" }],
+  };
+  const writerSpec = { terminationGracePeriodSeconds: 5, containers: [writer], volumes: [{ name: "data", persistentVolumeClaim: { claimName: "data" } }] };
+  const writerPod = { apiVersion: "v1", kind: "Pod", metadata: { name: "writer", namespace: "follow" }, spec: writerSpec };
+  await apply(JSON.stringify({ apiVersion: "v1", kind: "List", items: [readerPod("reader-1", "node1"), readerPod("reader-2", "node2"), writerPod] }));
+  for (const pod of ["reader-1", "reader-2", "writer"]) await kubectl("wait", "--for=condition=Ready", `pod/${pod}`, "-n", "follow", "--timeout=180s");
+
+  const served = (pod: string) =>
+    kubectl("exec", "-n", "follow", pod, "--", "cat", "/data/stamp.txt").then(
+      (text) => Number(text.trim()),
+      () => 0,
+    );
+  let last = 0;
+  for (let push = 0; push < 3; push++) {
+    const pushed = await waitFor(
+      `a push after stamp ${last}`,
+      async () => {
+        const stamp = Number(await remoteFile("follow.git", "stamp.txt"));
+        return stamp > last && stamp;
+      },
+      60_000,
+    );
+    for (const pod of ["reader-1", "reader-2"]) await waitFor(`${pod} serving stamp ${pushed}`, async () => (await served(pod)) >= pushed, 30_000);
+    last = pushed;
+  }
+  for (const pod of ["reader-1", "reader-2"]) await assert.rejects(kubectl("exec", "-n", "follow", pod, "--", "sh", "-c", "echo x > /data/stamp.txt"), /Read-only file system/);
+  const owners = (await git.git("follow.git", "for-each-ref", "--format=%(refname)", "refs/git-csi/owner/")).trim().split("\n");
+  assert.deepEqual(owners, ["refs/git-csi/owner/follow-data"], "the readers claim no owner ref");
+  const updated = (await events("follow")).filter((e) => e.reason === "GitVolumeUpdated" && e.involvedObject.name === "readers");
+  assert.ok(updated.length > 0, "GitVolumeUpdated on the readers' claim");
+  await kubectl("delete", "pod", "reader-1", "reader-2", "writer", "-n", "follow", "--wait=true", "--timeout=120s");
+});
+
 test("a branch per claim: two claims of one StorageClass get two branches, each pod's writes land on its own, and deleting the claims archives both", async () => {
   const secretRef = await repositoryWithKey("perclaim");
   // The class names the deploy key for CreateVolume too: the provisioner may read it only with controller.provisionerSecrets.

@@ -50,8 +50,8 @@ function run(cmd: string, args: string[], timeoutMs = 30_000): Promise<Run> {
 }
 
 /** Deploy key on the server + its private key in a 0600 file; returns the file. */
-async function deployKey(name: string): Promise<string> {
-  const key = await srv.addDeployKey(name);
+async function deployKey(name: string, access: "read-write" | "read-only" = "read-write"): Promise<string> {
+  const key = await srv.addDeployKey(name, access);
   assert.match(key.privateKey, /^-----BEGIN OPENSSH PRIVATE KEY-----\n/);
   assert.match(key.publicKey, new RegExp(`^ssh-ed25519 [A-Za-z0-9+/=]+ ${name}$`));
   const file = path.join(work, `${name}.key`);
@@ -145,6 +145,23 @@ test("clone and push over ssh with a deploy key", async () => {
   const upstream = await srv.commitFiles("demo.git", { "up.txt": "up\n" });
   await runGit(["pull", "--quiet", "--ff-only", "origin", "main"], { cwd: clone, env });
   assert.equal(await runGit(["rev-parse", "HEAD"], { cwd: clone }), upstream);
+});
+
+test("a read-only deploy key clones and fetches, and every push with it is refused", async () => {
+  await srv.createRepo("readonly.git", { files: { "hello.txt": "hello\n" } });
+  const env = sshEnv(await deployKey("reader", "read-only"));
+  const clone = path.join(work, "readonly-clone");
+  await runGit(["clone", "--quiet", srv.url("readonly.git"), clone], { env });
+  assert.equal(await readFile(path.join(clone, "hello.txt"), "utf8"), "hello\n");
+  const before = await srv.git("readonly.git", "for-each-ref");
+  await runGit(["commit", "--quiet", "--allow-empty", "-m", "refused"], { cwd: clone });
+  for (const ref of ["refs/heads/main", "refs/git-csi/owner/v"]) {
+    const push = await runGitRaw(["push", "origin", `HEAD:${ref}`], { cwd: clone, env });
+    assert.notEqual(push.code, 0, `a push to ${ref} is refused`);
+    assert.match(push.stderr, /this deploy key may only fetch/);
+  }
+  assert.equal(await srv.git("readonly.git", "for-each-ref"), before, "the remote's refs are unchanged");
+  await runGit(["fetch", "--quiet", "origin"], { cwd: clone, env });
 });
 
 test("a revoked deploy key can no longer fetch; other keys still can", async () => {
