@@ -12,7 +12,7 @@ import { status } from "@grpc/grpc-js";
 import { call, type CsiError } from "@git-csi/protos";
 import { createVolume, type Driver, mountsUnder, type PublishedVolume, setVolumeClass, sh, stageAndPublish, unpublishAndUnstage, waitFor } from "../src/driver";
 import { withDaemonAndDriver } from "../src/fixtures";
-import type { GitServer } from "../src/git-server";
+import { forgeMerge, type GitServer } from "../src/git-server";
 
 /**
  * The application, a process of its own: appends "line N" with one write and
@@ -93,6 +93,17 @@ describe("a mount owner restart keeps the mounts", () => {
       // Some writes served by this one before the next restart.
       await sleep(200);
     }
+  }
+
+  /** The git worker and the mount owner killed at once: the restarted mount owner hands the new worker the volume as it resumes. */
+  async function killWorkerAndOwner(): Promise<void> {
+    const before = resumes();
+    const worker = await driver.pid("git-worker");
+    const owner = await driver.pid("mount-owner");
+    process.kill(worker, "SIGKILL");
+    process.kill(owner, "SIGKILL");
+    const outcome = await waitFor("the kept connection served again, or its epoch lost", async () => (resumes() > before ? "served" : driver.logs().includes("it serves only EIO") && "lost"), T);
+    assert.equal(outcome, "served", "the epoch was checked and the connection serves again");
   }
 
   /** The volume armed, its writes pushed within a second of quiet. */
@@ -190,17 +201,31 @@ describe("a mount owner restart keeps the mounts", () => {
     await sh(`echo one > '${published.targetPath}/one.txt'`);
     await waitFor("one.txt on the remote", async () => (await onMain("one.txt")) === "one", T);
     await server.commitFiles(repo, { "upstream.txt": "upstream\n" });
-    const before = resumes();
-    const worker = await driver.pid("git-worker");
-    const owner = await driver.pid("mount-owner");
-    process.kill(worker, "SIGKILL");
-    process.kill(owner, "SIGKILL");
-    const outcome = await waitFor("the kept connection served again, or its epoch lost", async () => (resumes() > before ? "served" : driver.logs().includes("it serves only EIO") && "lost"), T);
-    assert.equal(outcome, "served", "the epoch was checked and the connection serves again");
+    await killWorkerAndOwner();
     assert.equal(await sh(`cat '${published.targetPath}/one.txt'`), "one\n");
     await sh(`echo two > '${published.targetPath}/two.txt'`);
     await waitFor("two.txt on the remote", async () => (await onMain("two.txt")) === "two", T);
     assert.equal(await onMain("upstream.txt"), "upstream", "upstream's commit is kept under the push");
+    await unpublishAndUnstage(driver, published);
+  });
+
+  // The same hand-over with the volume on its side branch, merged on the forge meanwhile: the heal moves the tree, so it waits for the next push.
+  test("the git worker and the mount owner killed together after the side branch was merged: the kept connection serves again, and the next push heals", async () => {
+    const repo = "both-killed-side.git";
+    const published = await armedVolume("both-killed-side");
+    const side = `main.${published.volumeId}`;
+    const onBranch = (branch: string, file: string) => server.git(repo, "show", `${branch}:${file}`).catch(() => "");
+    await sh(`echo 'name: home' > '${published.targetPath}/configuration.yaml'`);
+    await waitFor("configuration.yaml on the remote", async () => (await onBranch("main", "configuration.yaml")) === "name: home", T);
+    await server.commitFiles(repo, { "configuration.yaml": "name: upstream\n" });
+    await sh(`echo 'name: pod' > '${published.targetPath}/configuration.yaml'`);
+    await waitFor("the side branch", async () => (await onBranch(side, "configuration.yaml")) === "name: pod", T);
+    await forgeMerge(server, repo, side, "merge");
+    await killWorkerAndOwner();
+    await sh(`echo after > '${published.targetPath}/after.txt'`);
+    await waitFor("after.txt on main", async () => (await onBranch("main", "after.txt")) === "after", T);
+    assert.equal(await onBranch("main", "configuration.yaml"), "name: pod", "the merge kept the pod's file");
+    assert.equal(await server.git(repo, "for-each-ref", "--format=%(refname)", `refs/heads/${side}`), "", "the healed side branch is deleted");
     await unpublishAndUnstage(driver, published);
   });
 

@@ -60,7 +60,8 @@ export class VolumeUpstream {
     // Another node may have pushed the side branch; tryToHeal fetches it again, after it read what this node pushed.
     s.onSideBranch = sidePushed || (await s.remote((repo) => fetchBranch(repo, s.sideBranch))) === "fetched";
     if (s.onSideBranch) {
-      await this.tryToHeal();
+      // A heal moves the tree: where the mount cannot be synced now, the next push heals.
+      if (await s.syncMountAtStage()) await this.tryToHeal();
       if (s.onSideBranch) this.report.emit(Reason.Diverged, "Warning", `the volume pushes to ${s.sideBranch} until it is merged into ${s.branch} on the forge`);
       return;
     }
