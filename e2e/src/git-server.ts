@@ -415,17 +415,26 @@ class DaemonProcess {
 
 /** A real push failure: the server's pre-receive hook declines every push to a branch until it is removed. */
 export async function refusePushes(server: Pick<GitServer, "repoPath">, repo: string): Promise<() => Promise<void>> {
-  const hook = path.join(server.repoPath(repo), "hooks", "pre-receive");
-  await mkdir(path.dirname(hook), { recursive: true });
   // A protected branch, as a forge has: the branches refuse pushes; the driver's own refs (the owner ref's release) do not.
-  const script = `#!/bin/sh
+  const hook = await preReceive(
+    server,
+    repo,
+    `#!/bin/sh
 while read old new ref; do
   case "$ref" in refs/heads/*) echo 'the forge is read-only for this test' >&2; exit 1;; esac
 done
 exit 0
-`;
-  await writeFile(hook, script, { mode: 0o755 });
+`,
+  );
   return () => rm(hook);
+}
+
+/** The repository's pre-receive hook, replacing any other: a forge's rules for every push. Returns its path. */
+export async function preReceive(server: Pick<GitServer, "repoPath">, repo: string, script: string): Promise<string> {
+  const hook = path.join(server.repoPath(repo), "hooks", "pre-receive");
+  await mkdir(path.dirname(hook), { recursive: true });
+  await writeFile(hook, script, { mode: 0o755 });
+  return hook;
 }
 
 /**
@@ -434,8 +443,8 @@ exit 0
  */
 export async function fetchOnly(server: Pick<GitServer, "repoPath">, repo: string): Promise<() => Promise<string[][]>> {
   const read = await logPushes(server, repo);
-  const hook = path.join(server.repoPath(repo), "hooks", "pre-receive");
-  await writeFile(hook, `${await readFile(hook, "utf8")}echo 'this credential may only fetch' >&2\nexit 1\n`, { mode: 0o755 });
+  const logging = await readFile(path.join(server.repoPath(repo), "hooks", "pre-receive"), "utf8");
+  await preReceive(server, repo, `${logging}echo 'this credential may only fetch' >&2\nexit 1\n`);
   return read;
 }
 
@@ -445,15 +454,16 @@ export async function fetchOnly(server: Pick<GitServer, "repoPath">, repo: strin
  * fenced push after it, and the staging ref's deletion, are not.
  */
 export async function slowUploads(server: Pick<GitServer, "repoPath">, repo: string, seconds: number): Promise<void> {
-  const hook = path.join(server.repoPath(repo), "hooks", "pre-receive");
-  await mkdir(path.dirname(hook), { recursive: true });
-  const script = `#!/bin/sh
+  await preReceive(
+    server,
+    repo,
+    `#!/bin/sh
 while read old new ref; do
   case "$ref" in refs/git-csi/staging/*) [ "$new" = 0000000000000000000000000000000000000000 ] || sleep ${seconds};; esac
 done
 exit 0
-`;
-  await writeFile(hook, script, { mode: 0o755 });
+`,
+  );
 }
 
 /**
@@ -464,8 +474,7 @@ export async function logPushes(server: Pick<GitServer, "repoPath">, repo: strin
   const dir = server.repoPath(repo);
   const log = path.join(dir, "pushes.log");
   await writeFile(log, "");
-  await mkdir(path.join(dir, "hooks"), { recursive: true });
-  await writeFile(path.join(dir, "hooks", "pre-receive"), `#!/bin/sh\nawk '{printf "%s ", $3} END {print ""}' >> '${log}'\n`, { mode: 0o755 });
+  await preReceive(server, repo, `#!/bin/sh\nawk '{printf "%s ", $3} END {print ""}' >> '${log}'\n`);
   return async () =>
     (await readFile(log, "utf8"))
       .split("\n")

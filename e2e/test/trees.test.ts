@@ -3,7 +3,7 @@ import * as fs from "node:fs/promises";
 import * as path from "node:path";
 import { describe, test } from "node:test";
 import { createVolume, deleteVolume, type Driver, nodeRepo, report, setVolumeClass, sh, stageAndPublish, unpublishAndUnstage, waitFor } from "../src/driver";
-import { type GitServer, runGit } from "../src/git-server";
+import { type GitServer, preReceive, runGit } from "../src/git-server";
 import { withDaemonAndDriver } from "../src/fixtures";
 
 const FAST = { "push.quiesce": "1s", "push.maxLatency": "1m" };
@@ -24,8 +24,7 @@ describe("work trees the node keeps", () => {
     await server.createRepo("deleted.git");
     const volume = await stageAndPublish(driver, await createVolume(driver, "to-delete", server.url("deleted.git")));
     await setVolumeClass(driver, volume.volumeId, FAST);
-    const hook = path.join(server.repoPath("deleted.git"), "hooks", "pre-receive");
-    await fs.writeFile(hook, "#!/bin/sh\nexit 1\n", { mode: 0o755 });
+    const hook = await preReceive(server, "deleted.git", "#!/bin/sh\nexit 1\n");
     await sh(`echo lost > '${volume.targetPath}/lost.txt'`);
     await waitFor("a failed push", async () => (await report(driver, volume.volumeId)).pushFailures > 0);
     await unpublishAndUnstage(driver, volume);
