@@ -333,12 +333,17 @@ function sshAuthSecret(name: string, namespace: string, keyFile: string): string
 /** A repository on the ssh server, a deploy key of it, and that key as a `kubernetes.io/ssh-auth` Secret in a namespace of the same name. */
 async function repositoryWithKey(name: string): Promise<{ name: string; namespace: string }> {
   await git.createRepo(`${name}.git`, { files: { "README.md": `${name}\n` } });
-  const key = await git.addDeployKey(name);
-  const keyFile = path.join(dir, `${name}-key`);
-  await fs.writeFile(keyFile, key.privateKey, { mode: 0o600 });
   await kubectl("create", "namespace", name);
-  await kubectl(...sshAuthSecret(`${name}-key`, name, keyFile));
-  return { name: `${name}-key`, namespace: name };
+  return keySecret(name, name);
+}
+
+/** A new deploy key of the ssh server as the Secret `<key>-key` in a namespace, as the README says to make one. */
+async function keySecret(key: string, namespace: string, access: "read-write" | "read-only" = "read-write"): Promise<{ name: string; namespace: string }> {
+  const { privateKey } = await git.addDeployKey(key, access);
+  const keyFile = path.join(dir, `${key}-key`);
+  await fs.writeFile(keyFile, privateKey, { mode: 0o600 });
+  await kubectl(...sshAuthSecret(`${key}-key`, namespace, keyFile));
+  return { name: `${key}-key`, namespace };
 }
 
 /** The claim `data` in a namespace, bound to the PersistentVolume `<namespace>-data`. */
@@ -559,11 +564,7 @@ const readerPod = (name: string, node: string) => ({
 
 test("two nodes follow one ReadOnlyMany claim with a read-only deploy key while a writer's claim pushes to the same branch: both serve each push, refuse writes, and claim nothing on the remote", async () => {
   const writerKey = await repositoryWithKey("follow");
-  const readKey = await git.addDeployKey("follow-read", "read-only");
-  const readKeyFile = path.join(dir, "follow-read-key");
-  await fs.writeFile(readKeyFile, readKey.privateKey, { mode: 0o600 });
-  await kubectl(...sshAuthSecret("follow-read-key", "follow", readKeyFile));
-  const readSecret = { name: "follow-read-key", namespace: "follow" };
+  const readSecret = await keySecret("follow-read", "follow", "read-only");
   await eagerVolume("follow", "ReadWriteOncePod", writerKey);
   const csi = {
     driver: "git.liken.sh",
