@@ -175,6 +175,20 @@ export function freePort(): Promise<number> {
   });
 }
 
+/** Each content as a blob, by one git process however many there are (a test's tree may hold thousands of files). */
+async function writeBlobs(g: (args: string[], input?: string) => Promise<string>, tmpDir: string, contents: Array<string | Uint8Array>): Promise<string[]> {
+  const dir = await mkdtemp(path.join(tmpDir, "blobs-"));
+  try {
+    const files = contents.map((_, i) => path.join(dir, String(i)));
+    await Promise.all(contents.map((content, i) => writeFile(files[i], content)));
+    const blobs = (await g(["hash-object", "-w", "--no-filters", "--stdin-paths"], files.join("\n") + "\n")).split("\n");
+    if (blobs.length !== contents.length) throw new Error(`git hash-object wrote ${blobs.length} blobs for ${contents.length} files`);
+    return blobs;
+  } finally {
+    await rm(dir, { recursive: true, force: true });
+  }
+}
+
 /** Write a commit into a bare repo via a throwaway index (supports nested paths). */
 async function writeCommit(gitDir: string, tmpDir: string, parent: string | undefined, files: Record<string, string | Uint8Array>, opts: CommitFilesOptions & { message: string }): Promise<string> {
   const { remove = [], gitlinks = {}, message } = opts;
@@ -190,10 +204,15 @@ async function writeCommit(gitDir: string, tmpDir: string, parent: string | unde
       const zero = "0".repeat(40);
       await g(["update-index", "--index-info"], remove.map((p) => `0 ${zero}\t${p}\n`).join(""));
     }
-    for (const [p, content] of Object.entries(files)) {
-      checkFilePath(p);
-      const blob = await g(["hash-object", "-w", "--stdin"], content);
-      await g(["update-index", "--add", "--cacheinfo", `100644,${blob},${p}`]);
+    const entries = Object.entries(files);
+    for (const [p] of entries) checkFilePath(p);
+    if (entries.length > 0) {
+      const blobs = await writeBlobs(
+        g,
+        tmpDir,
+        entries.map(([, content]) => content),
+      );
+      await g(["update-index", "-z", "--add", "--index-info"], entries.map(([p], i) => `100644 ${blobs[i]}\t${p}\0`).join(""));
     }
     for (const [p, commit] of Object.entries(gitlinks)) {
       checkFilePath(p);
