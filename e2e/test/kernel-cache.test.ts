@@ -4,6 +4,7 @@
 // that had a file cached sees EIO as soon as a renewal finds a successor,
 // and upstream's file as soon as the rebase is reported.
 import assert from "node:assert/strict";
+import { spawn } from "node:child_process";
 import * as fs from "node:fs/promises";
 import * as path from "node:path";
 import { describe, test } from "node:test";
@@ -16,6 +17,73 @@ import { takeOver } from "../src/owner-record";
 const LEASE = { duration: "30s", renewInterval: "2s" };
 const RENEW_MS = 2000;
 const FAST = { "push.quiesce": "1s", "push.maxLatency": "1m" };
+
+/**
+ * An application with many files in the kernel's cache: each stat-ed, the
+ * first ones open with a page read. It probes the server with fsync, with
+ * no pause, so the first EIO comes while the fence's pass runs; then at once
+ * it tries every cached descriptor and attribute.
+ */
+const CACHED_APP = String.raw`
+import errno, json, os, sys, time
+root, count, held = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+names = ["f%05d.txt" % i for i in range(count)]
+fds = []
+for n in names[:held]:
+    fds.append(os.open(os.path.join(root, n), os.O_RDONLY))
+    os.pread(fds[-1], 100, 0)
+for n in names:
+    os.stat(os.path.join(root, n))
+probe = os.open(os.path.join(root, "a.txt"), os.O_RDONLY)
+print("ready", flush=True)
+deadline = time.time() + 60
+while True:
+    try:
+        os.fsync(probe)
+    except OSError as e:
+        first = errno.errorcode.get(e.errno, str(e.errno))
+        break
+    if time.time() > deadline:
+        print(json.dumps({"timeout": True}), flush=True)
+        sys.exit(0)
+def served(attempt, items):
+    out = []
+    for name, item in items:
+        try:
+            attempt(item)
+            out.append(name)
+        except OSError:
+            pass
+    return out
+reads = served(lambda fd: os.pread(fd, 100, 0), zip(names, fds))
+stats = served(lambda n: os.stat(os.path.join(root, n)), [(n, n) for n in names])
+print(json.dumps({"first": first, "reads": reads, "stats": stats}), flush=True)
+`;
+
+interface CachedOutcome {
+  timeout?: boolean;
+  first: string;
+  reads: string[];
+  stats: string[];
+}
+
+/** Starts the application; resolves once its caches are filled, with what it saw after its first EIO. */
+async function startCachedApp(target: string, count: number, held: number): Promise<{ outcome: Promise<CachedOutcome> }> {
+  const app = spawn("python3", ["-c", CACHED_APP, target, String(count), String(held)], { stdio: ["ignore", "pipe", "pipe"] });
+  let out = "";
+  let err = "";
+  app.stdout.on("data", (c: Buffer) => (out += c.toString()));
+  app.stderr.on("data", (c: Buffer) => (err += c.toString()));
+  const exited = new Promise<CachedOutcome>((resolve, reject) =>
+    app.once("exit", (code) => {
+      const last = out.trim().split("\n").pop() ?? "";
+      if (code === 0 && last.startsWith("{")) resolve(JSON.parse(last) as CachedOutcome);
+      else reject(new Error(`the application exited (${code}): ${out} ${err}`));
+    }),
+  );
+  await Promise.race([waitFor("the application's caches filled", async () => out.startsWith("ready"), 60_000), exited]);
+  return { outcome: exited };
+}
 
 /** Whether a shell command on the mount fails with EIO. */
 async function eio(script: string): Promise<boolean> {
@@ -53,6 +121,24 @@ describe("the kernel's cache of the mount", { timeout: 120_000 }, () => {
     assert.ok(statFailed < 2 * RENEW_MS + 1000, `stat failed ${statFailed} ms after the loss: within a renewal, not when the cache would have run out`);
     assert.ok(Date.now() < Number(replaced?.expires), "well before the lost lease would have run out");
     assert.match(volumeLogs(driver, volumeId), /was taken over by node node-other/);
+    await unpublishAndUnstage(driver, published);
+  });
+
+  test("after an application's first EIO nothing it had cached answers it, however many files the kernel holds", async () => {
+    const count = 4000;
+    const files = Object.fromEntries(Array.from({ length: count }, (_, i) => [`f${String(i).padStart(5, "0")}.txt`, `${i}\n`]));
+    const name = "cache-many";
+    await server.createRepo(`${name}.git`, { files: { "a.txt": "A\n", ...files } });
+    const volume = await createVolume(driver, name, server.url(`${name}.git`));
+    const published = await stageAndPublish(driver, volume, undefined, name);
+    const app = await startCachedApp(published.targetPath, count, 400);
+
+    await takeOver(server, `${name}.git`, volume.volumeId);
+    const outcome = await app.outcome;
+    assert.ok(!outcome.timeout, "the mount kept serving for a minute after the takeover");
+    assert.equal(outcome.first, "EIO");
+    assert.deepEqual(outcome.reads.slice(0, 5), [], `${outcome.reads.length} of 400 cached descriptors read after the first EIO`);
+    assert.deepEqual(outcome.stats.slice(0, 5), [], `${outcome.stats.length} of ${count} cached files stat-ed after the first EIO`);
     await unpublishAndUnstage(driver, published);
   });
 

@@ -2,7 +2,8 @@
  * Epoch fencing. Once the epoch no longer holds the volume every request is
  * answered EIO here, in the worker thread, without asking JavaScript; and the
  * kernel is told to drop what it cached (pages, attributes, entries), so a
- * descriptor opened before the loss reads EIO too and stat asks us again.
+ * descriptor opened before the loss reads EIO too and stat asks us again;
+ * a refusal is answered after that, so nothing cached outlives a first EIO.
  * The same invalidation, without the pages, follows a tree move behind the
  * mount (InvalidateMount).
  */
@@ -25,6 +26,11 @@ int64_t serving_clock_ms(void)
 	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
+/* How long a refusal waits for the fence's pass before it answers all the same. */
+#define FENCE_PASS_WAIT_MS 2000
+
+static void await_fence_pass(struct volume *v);
+
 /* JavaScript learns of refusals in batches: one queued call carries them all. */
 static void report_refusal(struct volume *v)
 {
@@ -32,7 +38,7 @@ static void report_refusal(struct volume *v)
 		napi_call_threadsafe_function(v->on_fenced, NULL, napi_tsfn_nonblocking);
 }
 
-bool refused(fuse_req_t req)
+static bool refuse(fuse_req_t req, bool settle)
 {
 	struct volume *v = fuse_req_userdata(req);
 	if (!atomic_load(&v->fenced)) {
@@ -42,8 +48,21 @@ bool refused(fuse_req_t req)
 		fence(v);
 	}
 	report_refusal(v);
+	if (settle)
+		await_fence_pass(v);
 	fuse_reply_err(req, EIO);
 	return true;
+}
+
+bool refused(fuse_req_t req)
+{
+	return refuse(req, true);
+}
+
+/* With the writeback cache a WRITE is the kernel's writeback, which the fence's pass may wait for. */
+bool write_refused(fuse_req_t req)
+{
+	return refuse(req, false);
 }
 
 /* The longest the kernel keeps an entry or attributes: an unbounded lease (no epoch) still rechecks. */
@@ -64,16 +83,25 @@ double cache_seconds(fuse_req_t req)
 }
 
 /*
- * One pass over every id the kernel holds. A fenced pass drops pages too,
- * dirty ones included (their writeback is refused); after a tree move the
- * attributes and entries suffice, since git replaces each file it rewrites.
+ * One pass over every id the kernel holds: first each inode (attributes, and
+ * for a fenced pass its pages, dirty ones included, whose writeback is
+ * refused; after a tree move the attributes suffice, since git replaces each
+ * file it rewrites), then each entry. Entries come last because dropping one
+ * takes its directory's lock, which a lookup waiting on a worker may hold;
+ * once the inodes are done no cached answer is left, as every operation
+ * then asks for attributes again.
  */
-static void invalidate_known(struct volume *v, bool fenced)
+static void invalidate_known(struct volume *v, bool fenced, uint64_t asked)
 {
 	struct entry_ref *refs;
 	size_t count = nodes_snapshot(v, &refs);
-	for (size_t i = 0; i < count; i++) {
+	for (size_t i = 0; i < count; i++)
 		fuse_lowlevel_notify_inval_inode(v->se, refs[i].id, fenced ? 0 : -1, 0);
+	pthread_mutex_lock(&v->life);
+	v->inodes_done = asked;
+	pthread_cond_broadcast(&v->invalidated);
+	pthread_mutex_unlock(&v->life);
+	for (size_t i = 0; i < count; i++) {
 		if (refs[i].name != NULL)
 			fuse_lowlevel_notify_inval_entry(v->se, refs[i].parent, refs[i].name,
 							 strlen(refs[i].name));
@@ -99,7 +127,7 @@ static void *invalidator(void *arg)
 		pthread_mutex_unlock(&v->life);
 		if (walk)
 			invalidate_tree(v);
-		invalidate_known(v, atomic_load(&v->fenced));
+		invalidate_known(v, atomic_load(&v->fenced), asked);
 		pthread_mutex_lock(&v->life);
 		v->passes_done = asked;
 	}
@@ -110,11 +138,10 @@ static void *invalidator(void *arg)
 	return NULL;
 }
 
-/* Asks for a pass; its number, or 0 once the session ended (nothing is cached any more). */
-static uint64_t ask_invalidation(struct volume *v)
+/* Asks for a pass, holding life; its number, or 0 once the session ended (nothing is cached any more). */
+static uint64_t ask_pass(struct volume *v)
 {
 	pthread_t thread;
-	pthread_mutex_lock(&v->life);
 	uint64_t asked = v->ended ? 0 : ++v->passes_asked;
 	if (asked != 0 && !v->invalidating) {
 		atomic_fetch_add(&v->refs, 1);
@@ -127,6 +154,13 @@ static uint64_t ask_invalidation(struct volume *v)
 			asked = 0;
 		}
 	}
+	return asked;
+}
+
+static uint64_t ask_invalidation(struct volume *v)
+{
+	pthread_mutex_lock(&v->life);
+	uint64_t asked = ask_pass(v);
 	pthread_mutex_unlock(&v->life);
 	return asked;
 }
@@ -146,10 +180,29 @@ void invalidate(struct volume *v)
 	await_invalidation(v, ask_invalidation(v));
 }
 
+/* The fenced flag and its pass's number change together, so a refusal that saw the one finds the other. */
 void fence(struct volume *v)
 {
+	pthread_mutex_lock(&v->life);
 	if (!atomic_exchange(&v->fenced, true))
-		ask_invalidation(v);
+		v->fence_pass = ask_pass(v);
+	pthread_mutex_unlock(&v->life);
+}
+
+/*
+ * A refusal is answered once the fence's pass dropped the inodes the kernel
+ * cached, so after an application's first EIO no cached page or attribute
+ * answers it. Bounded: the pass may wait in the kernel for a read's locked
+ * page, whose worker may be this one.
+ */
+static void await_fence_pass(struct volume *v)
+{
+	struct timespec until = after_ms(FENCE_PASS_WAIT_MS);
+	pthread_mutex_lock(&v->life);
+	while (v->invalidating && v->inodes_done < v->fence_pass &&
+	       pthread_cond_timedwait(&v->invalidated, &v->life, &until) != ETIMEDOUT)
+		;
+	pthread_mutex_unlock(&v->life);
 }
 
 /* Waits for the invalidation, if one ran; the caller then sees no cached page. */

@@ -471,7 +471,7 @@ static void op_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, stru
 static void op_write_buf(fuse_req_t req, fuse_ino_t ino, struct fuse_bufvec *in, off_t off,
 			 struct fuse_file_info *fi)
 {
-	if (refused(req))
+	if (write_refused(req))
 		return;
 	int fd = fd_or_reply(req, ino, fi);
 	if (fd == -1)

@@ -108,6 +108,8 @@ struct volume {
 	bool ended;
 	bool invalidating; /* the invalidator thread runs */
 	uint64_t passes_asked, passes_done;
+	uint64_t inodes_done; /* the last pass whose inodes were dropped */
+	uint64_t fence_pass; /* the pass the fence asked for; 0 if none runs */
 	/* Resumed: the kernel may cache ids an earlier server gave out, found by walking the tree. */
 	bool stale_ids;
 
@@ -206,8 +208,10 @@ void deadline_close(struct volume *v);
 
 /* fence.c */
 int64_t serving_clock_ms(void);
-/* True (and the request answered EIO) once the epoch no longer holds the volume. */
+/* True (and the request answered EIO) once the epoch no longer holds the volume; after the fence's pass dropped the cached inodes. */
 bool refused(fuse_req_t req);
+/* The same for a WRITE, answered at once: with the writeback cache the pass may be waiting for it. */
+bool write_refused(fuse_req_t req);
 /* The entry and attribute timeout of a reply. */
 double cache_seconds(fuse_req_t req);
 void fence(struct volume *v);
