@@ -126,18 +126,19 @@ describe("the kernel's cache of the mount", { timeout: 120_000 }, () => {
 
   test("after an application's first EIO nothing it had cached answers it, however many files the kernel holds", async () => {
     const count = 4000;
+    const held = 400;
     const files = Object.fromEntries(Array.from({ length: count }, (_, i) => [`f${String(i).padStart(5, "0")}.txt`, `${i}\n`]));
     const name = "cache-many";
     await server.createRepo(`${name}.git`, { files: { "a.txt": "A\n", ...files } });
     const volume = await createVolume(driver, name, server.url(`${name}.git`));
     const published = await stageAndPublish(driver, volume, undefined, name);
-    const app = await startCachedApp(published.targetPath, count, 400);
+    const app = await startCachedApp(published.targetPath, count, held);
 
     await takeOver(server, `${name}.git`, volume.volumeId);
     const outcome = await app.outcome;
     assert.ok(!outcome.timeout, "the mount kept serving for a minute after the takeover");
     assert.equal(outcome.first, "EIO");
-    assert.deepEqual(outcome.reads.slice(0, 5), [], `${outcome.reads.length} of 400 cached descriptors read after the first EIO`);
+    assert.deepEqual(outcome.reads.slice(0, 5), [], `${outcome.reads.length} of ${held} cached descriptors read after the first EIO`);
     assert.deepEqual(outcome.stats.slice(0, 5), [], `${outcome.stats.length} of ${count} cached files stat-ed after the first EIO`);
     await unpublishAndUnstage(driver, published);
   });
